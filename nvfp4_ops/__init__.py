@@ -1,0 +1,29 @@
+"""nvfp4-ops: NVFP4 weight-only (W4A16) ops for DeepSeek-V4 on Hopper GPUs.
+
+Importing this package registers every ``torch.ops.nvfp4.*`` op (quantize, dequantize,
+linear, mlp, moe) with its fake and its pure-torch CPU reference. It initialises no CUDA and
+imports no GPU kernel code; CUDA kernels are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from nvfp4_ops import format
+from nvfp4_ops._validate import NVFP4InputError, set_value_checks
+from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize
+from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NVFP4InputError",
+    "MoEShape",
+    "SHAPES",
+    "dequantize",
+    "format",
+    "get_shape",
+    "linear",
+    "mlp",
+    "moe",
+    "quantize",
+    "set_value_checks",
+]

@@ -1,0 +1,11 @@
+"""One module per op: schema + fake + CPU reference + CUDA dispatch + public wrapper.
+
+Importing this package registers every ``torch.ops.nvfp4.*`` op.
+"""
+
+from nvfp4_ops.ops.linear import linear
+from nvfp4_ops.ops.mlp import mlp
+from nvfp4_ops.ops.moe import moe
+from nvfp4_ops.ops.quantize import dequantize, quantize
+
+__all__ = ["dequantize", "linear", "mlp", "moe", "quantize"]

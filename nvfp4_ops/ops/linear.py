@@ -1,0 +1,77 @@
+"""``nvfp4::linear``: ``y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias)``, W4A16.
+
+CPU: the pure-torch reference (:func:`nvfp4_ops.reference.linear_reference`).
+CUDA: the kernel registered in :data:`nvfp4_ops.kernels.CUDA_KERNELS` under ``"linear"``;
+until one is registered, the same reference runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4_ops import kernels
+from nvfp4_ops._library import qualname
+from nvfp4_ops._validate import check_global_scale_values, check_linear_meta
+from nvfp4_ops.reference import linear_reference
+
+__all__ = ["linear"]
+
+
+def _check(x, weight, weight_scale, global_scale, bias) -> None:
+    check_linear_meta(x, weight, weight_scale, global_scale, bias)
+    check_global_scale_values("nvfp4.linear", {"global_scale": global_scale})
+
+
+@torch.library.custom_op(qualname("linear"), mutates_args=())
+def _linear_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    _check(x, weight, weight_scale, global_scale, bias)
+    return linear_reference(x, weight, weight_scale, global_scale, bias)
+
+
+@_linear_op.register_kernel("cuda")
+def _(x, weight, weight_scale, global_scale, bias):
+    _check(x, weight, weight_scale, global_scale, bias)
+    impl = kernels.cuda_kernel("linear")
+    if impl is None:
+        return linear_reference(x, weight, weight_scale, global_scale, bias)
+    return impl(x, weight, weight_scale, global_scale, bias)
+
+
+@_linear_op.register_fake
+def _(x, weight, weight_scale, global_scale, bias):
+    check_linear_meta(x, weight, weight_scale, global_scale, bias)
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """NVFP4 weight-only linear (``torch.ops.nvfp4.linear``).
+
+    Args:
+        x: ``bf16 [M, K]``, contiguous, ``K % 32 == 0``; ``M`` may be 0.
+        weight: ``uint8 [N, K/2]``, two e2m1 codes per byte, low nibble = even k.
+        weight_scale: ``float8_e4m3fn [N, K/16]``, row-major (not swizzled).
+        global_scale: ``float32 []`` or ``[N]`` (one per output row, so fused projections
+            whose shards have different ``weight_scale_2`` stay exact); finite, > 0.
+        bias: optional ``bf16 [N]``.
+
+    Returns:
+        ``bf16 [M, N]`` = ``bf16((x @ (e2m1 * weight_scale)^T) * global_scale + bias)``,
+        accumulated in fp32.
+
+    Raises:
+        NVFP4InputError: wrong dtype, shape, device or alignment; non-finite or
+            non-positive ``global_scale``.
+    """
+    return torch.ops.nvfp4.linear(x, weight, weight_scale, global_scale, bias)
