@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+
+import torch
 from collections.abc import Callable
 
-__all__ = ["CUDA_KERNELS", "cuda_kernel", "forced_reference"]
+__all__ = ["CUDA_KERNELS", "cuda_kernel", "describe", "forced_reference"]
 
 #: op name -> "module:function" of its CUDA implementation. An op missing here runs its
 #: pure-torch reference on the GPU (exact but slow, and not CUDA-graph safe for ``moe``).
@@ -29,3 +31,14 @@ def cuda_kernel(op: str) -> Callable | None:
         return None
     module, fn = CUDA_KERNELS[op].split(":")
     return getattr(importlib.import_module(module), fn)
+
+
+def describe(op: str, device: torch.device | str) -> str:
+    """Which implementation ``op`` runs for tensors on ``device``, in words (for reports)."""
+    if torch.device(device).type != "cuda":
+        return "CPU reference (pure torch)"
+    if forced_reference():
+        return "reference on GPU (NVFP4_OPS_BACKEND=reference)"
+    if op not in CUDA_KERNELS:
+        return "reference on GPU (no CUDA kernel yet)"
+    return f"CUDA kernel {CUDA_KERNELS[op]}"

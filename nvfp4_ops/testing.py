@@ -1,0 +1,147 @@
+"""Random NVFP4 weights and error metrics, shared by the tests, the benchmarks and the CLI.
+
+Everything is generated on the target device from torch's global RNG (seed it with
+``torch.manual_seed``), so GPU runs do not pay for CPU generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from nvfp4_ops import format as fmt
+
+__all__ = [
+    "QuantizedExperts",
+    "moe_bf16_dequantized",
+    "random_experts",
+    "random_nvfp4",
+    "random_routing",
+    "rel_l2",
+]
+
+WEIGHT_STD = 0.02
+
+
+@dataclass
+class QuantizedExperts:
+    """Routed-expert tensors in the layout ``nvfp4::moe`` takes (see its docstring)."""
+
+    w13: torch.Tensor  # uint8 [E, 2I, H/2]
+    w13_scale: torch.Tensor  # e4m3 [E, 2I, H/16]
+    w13_global: torch.Tensor  # fp32 [E, 2]
+    w2: torch.Tensor  # uint8 [E, H, I/2]
+    w2_scale: torch.Tensor  # e4m3 [E, H, I/16]
+    w2_global: torch.Tensor  # fp32 [E]
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.w13, self.w13_scale, self.w13_global, self.w2, self.w2_scale,
+                self.w2_global)
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+
+def random_nvfp4(rows: int, k: int, *, device: str | torch.device = "cpu",
+                 std: float = WEIGHT_STD) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize a fresh Gaussian bf16 matrix ``[rows, k]``: ``(packed, scale, global [])``."""
+    w = (torch.randn(rows, k, device=device) * std).to(torch.bfloat16)
+    return fmt.quantize(w)
+
+
+def random_experts(num_experts: int, hidden: int, inter: int, *,
+                   device: str | torch.device = "cpu", up_scale_ratio: float = 1.0,
+                   progress: Callable[[int, int], None] | None = None) -> QuantizedExperts:
+    """Quantize ``num_experts`` random experts one at a time (peak memory: one bf16 expert).
+
+    Gate, up and down are quantized separately, so each keeps its own global scale;
+    ``up_scale_ratio`` scales the up weights so that its global scale differs from the gate's
+    by that factor. ``progress(done, total)`` is called after each expert.
+    """
+    w13 = torch.empty(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8, device=device)
+    w13_scale = torch.empty(num_experts, 2 * inter, hidden // 16, dtype=torch.float8_e4m3fn,
+                            device=device)
+    w13_global = torch.empty(num_experts, 2, dtype=torch.float32, device=device)
+    w2 = torch.empty(num_experts, hidden, inter // 2, dtype=torch.uint8, device=device)
+    w2_scale = torch.empty(num_experts, hidden, inter // 16, dtype=torch.float8_e4m3fn,
+                           device=device)
+    w2_global = torch.empty(num_experts, dtype=torch.float32, device=device)
+    for e in range(num_experts):
+        for half, std in ((0, WEIGHT_STD), (1, WEIGHT_STD * up_scale_ratio)):
+            p, s, g = random_nvfp4(inter, hidden, device=device, std=std)
+            w13[e, half * inter:(half + 1) * inter] = p
+            w13_scale[e, half * inter:(half + 1) * inter] = s
+            w13_global[e, half] = g
+        w2[e], w2_scale[e], w2_global[e] = random_nvfp4(hidden, inter, device=device)
+        if progress is not None:
+            progress(e + 1, num_experts)
+    return QuantizedExperts(w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+
+
+def random_routing(num_tokens: int, num_experts: int, top_k: int, *,
+                   device: str | torch.device = "cpu", expert_start: int = 0,
+                   dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random top-k routing without repeats per token: ``(ids [T, k], weights [T, k])``.
+
+    Ids are in ``[expert_start, expert_start + num_experts)``; weights are softmax-like
+    positive fp32 values summing to 1 per token.
+    """
+    scores = torch.rand(num_tokens, num_experts, device=device)
+    ids = scores.topk(top_k, dim=1).indices + expert_start
+    weights = torch.rand(num_tokens, top_k, device=device) + 0.1
+    weights = weights / weights.sum(dim=1, keepdim=True)
+    return ids.to(dtype), weights.float()
+
+
+def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||a - e|| / ||e||`` computed in fp64 (``||a||`` when ``e`` is all zero)."""
+    a = actual.double()
+    e = expected.double()
+    denom = e.norm().item()
+    return (a - e).norm().item() / denom if denom else a.norm().item()
+
+
+def moe_bf16_dequantized(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: QuantizedExperts,
+    *,
+    expert_start: int = 0,
+    swiglu_limit: float | None = None,
+    output_scale: float = 1.0,
+) -> torch.Tensor:
+    """An independent baseline for ``nvfp4::moe``: dequantize each touched expert to bf16
+    (``bf16(e2m1 * scale * global)``) and run the MoE with plain bf16 matmuls.
+
+    It shares no code with :mod:`nvfp4_ops.reference` beyond :func:`format.dequantize`, and
+    rounds where a bf16 model would (weights, gate/up, activation), so it differs from the
+    exact op by bf16 rounding noise (relative L2 about 3e-3).
+    """
+    num_tokens, top_k = topk_ids.shape
+    inter = experts.w13.shape[1] // 2
+    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    ids = topk_ids.long() - expert_start
+    for e in range(experts.num_experts):
+        hit = ids == e
+        if not bool(hit.any()):
+            continue
+        rows = hit.any(dim=1).nonzero().flatten()
+        weight = (topk_weights * hit).sum(dim=1)[rows]
+        g = experts.w13_global[e]
+        w_gate = fmt.dequantize(experts.w13[e, :inter], experts.w13_scale[e, :inter], g[0])
+        w_up = fmt.dequantize(experts.w13[e, inter:], experts.w13_scale[e, inter:], g[1])
+        w_down = fmt.dequantize(experts.w2[e], experts.w2_scale[e], experts.w2_global[e])
+        x = hidden[rows]
+        gate = (x @ w_gate.to(torch.bfloat16).T).float()
+        up = (x @ w_up.to(torch.bfloat16).T).float()
+        if swiglu_limit is not None:
+            gate = gate.clamp(max=swiglu_limit)
+            up = up.clamp(-swiglu_limit, swiglu_limit)
+        act = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+        y = (act @ w_down.to(torch.bfloat16).T).float()
+        out[rows] += weight.unsqueeze(1) * y
+    return (out * output_scale).to(torch.bfloat16)
