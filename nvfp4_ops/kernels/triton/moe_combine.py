@@ -1,0 +1,58 @@
+"""Deterministic MoE combine (Triton): ``out[t] = output_scale * sum_j y[slot_row[t*k + j]]``.
+
+``y bf16 [P, H]`` is the down-projection output in the padded row order with the router
+weight already applied by the GEMM-2 epilogue; ``slot_row int32 [T*k]`` (from
+:func:`nvfp4_ops.kernels.triton.moe_routing.moe_routing`) maps each slot to its row, -1 for
+slots routed to experts of another EP rank, which contribute 0 (a token with no local expert
+gets exactly 0). One program owns one token and one column block and adds the ``k`` rows in
+fixed ``j`` order in fp32, then scales and rounds to bf16 once: no atomics, so the result is
+bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["combine"]
+
+
+@triton.jit
+def _combine_kernel(y_ptr, slot_row_ptr, out_ptr, output_scale,
+                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < HIDDEN
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(slot_row_ptr + token * TOP_K + j)
+        safe_row = tl.where(row >= 0, row, 0).to(tl.int64)
+        vals = tl.load(y_ptr + safe_row * HIDDEN + cols, mask=col_ok & (row >= 0), other=0.0)
+        acc += vals.to(tl.float32)
+    acc = acc * output_scale
+    tl.store(out_ptr + token.to(tl.int64) * HIDDEN + cols, acc.to(tl.bfloat16), mask=col_ok)
+
+
+def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int,
+            output_scale: float) -> torch.Tensor:
+    """Sum each token's ``k`` expert rows (see module docstring).
+
+    Args:
+        y: ``bf16 [P, H]`` contiguous (rows not referenced by ``slot_row`` are never read).
+        slot_row: ``int32 [T * k]``, row of each slot or -1.
+        num_tokens: ``T``; top_k: ``k``.
+        output_scale: multiplier applied to the fp32 sum before the bf16 rounding.
+
+    Returns:
+        ``bf16 [T, H]``.
+    """
+    hidden_size = y.shape[1]
+    out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=y.device)
+    if num_tokens == 0:
+        return out
+    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    grid = (num_tokens, triton.cdiv(hidden_size, block_h))
+    _combine_kernel[grid](y, slot_row, out, float(output_scale),
+                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_H=block_h)
+    return out

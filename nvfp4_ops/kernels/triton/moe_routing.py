@@ -1,0 +1,224 @@
+"""MoE routing preparation on the GPU: global ids -> padded, expert-grouped rows (Triton).
+
+Given ``topk_ids [T, k]`` (global expert ids) the grouped GEMMs need the ``N = T*k`` slots
+(slot ``s = t*k + j``) grouped by local expert, each expert's segment padded from its *real*
+token count up to a multiple of ``block_m`` (nothing is ever dropped, there is no capacity):
+
+* ``expert_offsets int32 [E+1]``: padded segment starts; expert ``e`` owns rows
+  ``[expert_offsets[e], expert_offsets[e+1])``; every entry is a multiple of ``block_m``;
+  an expert without tokens has an empty segment.
+* ``sorted_slots int32 [P]``: the slot held by each padded row, ``N`` (sentinel) for padding
+  rows and for rows past the last segment.
+* ``tile_expert int32 [P / block_m]``: local expert of each ``block_m``-row tile, -1 for the
+  tiles past the last segment (the GEMMs skip them).
+* ``slot_row int32 [N]``: the inverse map, padded row of each slot, -1 for slots whose expert
+  is not local (ids outside ``[expert_start, expert_start + E)``; another EP rank owns them).
+
+``P`` is a static upper bound that depends only on ``(N, E, block_m)``: at most
+``min(E, N)`` experts are non-empty and each wastes at most ``block_m - 1`` padding rows, so
+``P = round_up(N + min(E, N) * (block_m - 1), block_m)`` (tighter than
+``N + E * (block_m - 1)`` at decode: T = 1, k = 6, E = 256, block_m = 8 gives 48, not 1800).
+Every grid size comes from ``N``, ``E``, ``P`` and ``H`` alone, so the launches can be
+captured in a CUDA graph and replayed with new routing.
+
+Four launches, none reads a device value on the host:
+
+1. ``counts`` (zeroed by the caller) += 1 per local slot (int32 atomics: the totals are
+   exact and deterministic).
+2. one program: padded sizes, exclusive scan -> ``expert_offsets``, per-expert write cursors,
+   ``tile_expert``; fills ``sorted_slots`` with the sentinel.
+3. each local slot takes the next row of its expert's segment with an int32 atomic on the
+   cursor. The order of slots *inside* a segment therefore depends on scheduling, but
+   every GEMM row is computed from its own input row only, and the combine reads each slot's
+   row through ``slot_row`` in fixed ``j`` order, so the op's output is bitwise
+   deterministic.
+4. gather: ``a[r] = hidden[sorted_slots[r] // k]`` (zeros for padding rows) and
+   ``row_scale[r] = topk_weights.flat[sorted_slots[r]]`` (0 for padding rows), for the tiles
+   that hold rows; tiles past the end are left untouched (the GEMMs skip them).
+
+The jitted functions never specialise on the token count (``do_not_specialize``), so one
+compiled variant per ``(E, block_m, k)`` serves every T.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "MoERouting",
+    "gather_rows",
+    "moe_routing",
+    "padded_rows",
+]
+
+_COUNT_BLOCK = 1024
+_SCAN_TILES = 16  # tiles resolved per step in the single-program scan (16 x E_PAD compares)
+_FILL_BLOCK = 1024
+
+
+def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
+    """Static row count ``P`` of the padded, expert-grouped buffer (see module docstring)."""
+    bound = num_slots + min(num_experts, num_slots) * (block_m - 1)
+    return triton.cdiv(bound, block_m) * block_m
+
+
+class MoERouting(NamedTuple):
+    """Routing metadata for one MoE call (all int32, on the device of ``topk_ids``)."""
+
+    sorted_slots: torch.Tensor  # [P]
+    expert_offsets: torch.Tensor  # [E + 1]
+    tile_expert: torch.Tensor  # [P // block_m]
+    slot_row: torch.Tensor  # [T * k]
+    block_m: int
+
+
+@triton.jit(do_not_specialize=["num_slots", "expert_start"])
+def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start,
+                  NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
+    local = ids - expert_start
+    is_local = in_range & (local >= 0) & (local < NUM_EXPERTS)
+    local32 = tl.where(is_local, local, 0).to(tl.int32)
+    tl.atomic_add(counts_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
+
+
+@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles"])
+def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
+                 num_slots, num_rows, num_tiles,
+                 NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                 SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
+    e = tl.arange(0, E_PAD)
+    is_expert = e < NUM_EXPERTS
+    counts = tl.load(counts_ptr + e, mask=is_expert, other=0)
+    padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    tl.store(expert_offsets_ptr + e, starts, mask=is_expert)
+    tl.store(expert_offsets_ptr + NUM_EXPERTS + e * 0, total, mask=e == 0)
+    tl.store(cursor_ptr + e, starts, mask=is_expert)
+    # Tile i starts at row i * BLOCK_M; its expert is the number of segments ending at or
+    # before that row (empty segments end where they start, so they are skipped).
+    for t0 in range(0, num_tiles, SCAN_TILES):
+        tiles = t0 + tl.arange(0, SCAN_TILES)
+        first_row = tiles * BLOCK_M
+        done = (ends[None, :] <= first_row[:, None]) & is_expert[None, :]
+        owner = tl.sum(done.to(tl.int32), 1)
+        owner = tl.where(first_row < total, owner, -1)
+        tl.store(tile_expert_ptr + tiles, owner, mask=tiles < num_tiles)
+    sentinel = tl.full([FILL_BLOCK], 0, tl.int32) + num_slots
+    for r0 in range(0, num_rows, FILL_BLOCK):
+        rows = r0 + tl.arange(0, FILL_BLOCK)
+        tl.store(sorted_slots_ptr + rows, sentinel, mask=rows < num_rows)
+
+
+@triton.jit(do_not_specialize=["num_slots", "expert_start"])
+def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
+                  expert_start, NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
+    local = ids - expert_start
+    is_local = in_range & (local >= 0) & (local < NUM_EXPERTS)
+    local32 = tl.where(is_local, local, 0).to(tl.int32)
+    row = tl.atomic_add(cursor_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
+    tl.store(sorted_slots_ptr + row, offs.to(tl.int32), mask=is_local)
+    tl.store(slot_row_ptr + offs, tl.where(is_local, row, -1), mask=in_range)
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr, a_ptr,
+                   row_scale_ptr, num_slots,
+                   HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
+    tile = tl.program_id(0)
+    col_block = tl.program_id(1)
+    if tl.load(tile_expert_ptr + tile) >= 0:
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(sorted_slots_ptr + rows)
+        real = slots < num_slots
+        token = tl.where(real, slots, 0) // TOP_K
+        cols = col_block * BLOCK_H + tl.arange(0, BLOCK_H)
+        col_ok = cols < HIDDEN
+        src = hidden_ptr + token.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
+        vals = tl.load(src, mask=real[:, None] & col_ok[None, :], other=0.0)
+        dst = a_ptr + rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
+        tl.store(dst, vals, mask=col_ok[None, :])
+        if col_block == 0:
+            w = tl.load(topk_weights_ptr + tl.where(real, slots, 0), mask=real, other=0.0)
+            tl.store(row_scale_ptr + rows, w.to(tl.float32))
+
+
+def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
+                block_m: int) -> MoERouting:
+    """Expert-grouped, padded row layout for ``topk_ids`` (see the module docstring).
+
+    Args:
+        topk_ids: ``int32/int64 [T, k]`` contiguous, *global* expert ids. Ids outside
+            ``[expert_start, expert_start + num_experts)`` are dropped (not local), whatever
+            their value, so a skipped range check cannot cause an out-of-bounds access.
+        num_experts: local experts ``E``.
+        expert_start: first global id owned here.
+        block_m: tile rows; every segment is padded to a multiple of it.
+
+    Returns:
+        :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
+    """
+    num_slots = topk_ids.numel()
+    device = topk_ids.device
+    num_rows = padded_rows(num_slots, num_experts, block_m)
+    num_tiles = num_rows // block_m
+    ids = topk_ids.reshape(-1)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    tile_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
+    sorted_slots = torch.empty(num_rows, dtype=torch.int32, device=device)
+    slot_row = torch.empty(num_slots, dtype=torch.int32, device=device)
+    slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
+    _count_kernel[slot_grid](ids, counts, num_slots, expert_start,
+                             NUM_EXPERTS=num_experts, BLOCK=_COUNT_BLOCK)
+    e_pad = max(16, triton.next_power_of_2(num_experts))
+    _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, sorted_slots,
+                       num_slots, num_rows, num_tiles,
+                       NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m,
+                       SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK, num_warps=8)
+    _place_kernel[slot_grid](ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
+                             NUM_EXPERTS=num_experts, BLOCK=_COUNT_BLOCK)
+    return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m)
+
+
+def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
+                routing: MoERouting) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
+
+    Args:
+        hidden: ``bf16 [T, H]`` contiguous.
+        topk_weights: ``float32 [T, k]`` contiguous.
+        routing: from :func:`moe_routing` for the same ``T, k``.
+
+    Returns:
+        ``a bf16 [P, H]`` (token rows, zeros in padding rows) and ``row_scale f32 [P]``
+        (router weight of each row, 0 in padding rows). Rows of tiles past the last segment
+        are left uninitialised: no GEMM tile reads or writes them.
+    """
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_weights.shape[1]
+    num_rows = routing.sorted_slots.shape[0]
+    block_m = routing.block_m
+    a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    row_scale = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
+    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    # Keep the register tile around 8K elements whatever block_m is.
+    block_h = max(64, min(block_h, 8192 // block_m))
+    grid = (num_rows // block_m, triton.cdiv(hidden_size, block_h))
+    _gather_kernel[grid](hidden, topk_weights, routing.sorted_slots, routing.tile_expert, a,
+                         row_scale, num_tokens * top_k,
+                         HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h)
+    return a, row_scale

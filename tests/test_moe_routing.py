@@ -1,0 +1,197 @@
+"""MoE routing preparation and combine (Triton) against plain Python loops.
+
+On a machine without CUDA the Triton kernels run in Triton's interpreter on CPU tensors
+(``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` before triton is imported); with a GPU the
+same checks run on the compiled kernels with CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest.py without CUDA
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def kernels(request):
+    """(device, routing module, combine module)."""
+    if request.param == "cpu" and not INTERPRETED:
+        pytest.skip("compiled Triton kernels need CUDA tensors (CPU runs use the interpreter)")
+    from nvfp4_ops.kernels.triton import moe_combine, moe_routing
+
+    return request.param, moe_routing, moe_combine
+
+
+def reference_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
+                      block_m: int):
+    """Python loops: per local expert its slots in order, padded to block_m."""
+    ids = topk_ids.reshape(-1).tolist()
+    per_expert: list[list[int]] = [[] for _ in range(num_experts)]
+    for slot, gid in enumerate(ids):
+        local = gid - expert_start
+        if 0 <= local < num_experts:
+            per_expert[local].append(slot)
+    offsets = [0]
+    for slots in per_expert:
+        offsets.append(offsets[-1] + -(-len(slots) // block_m) * block_m)
+    return per_expert, offsets
+
+
+def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing_mod):
+    num_slots = topk_ids.numel()
+    per_expert, offsets = reference_routing(topk_ids.cpu(), num_experts, expert_start, block_m)
+    num_rows = routing_mod.padded_rows(num_slots, num_experts, block_m)
+    sorted_slots = routing.sorted_slots.cpu().tolist()
+    tile_expert = routing.tile_expert.cpu().tolist()
+    slot_row = routing.slot_row.cpu().tolist()
+    for t in (routing.sorted_slots, routing.expert_offsets, routing.tile_expert,
+              routing.slot_row):
+        assert t.dtype == torch.int32
+    assert len(sorted_slots) == num_rows and num_rows % block_m == 0
+    assert offsets[-1] <= num_rows, "static bound P too small"
+    assert routing.expert_offsets.cpu().tolist() == offsets
+    assert len(tile_expert) == num_rows // block_m
+    want_tiles = [-1] * (num_rows // block_m)
+    for e in range(num_experts):
+        for r in range(offsets[e], offsets[e + 1], block_m):
+            want_tiles[r // block_m] = e
+    assert tile_expert == want_tiles
+    for e, slots in enumerate(per_expert):
+        segment = sorted_slots[offsets[e]:offsets[e + 1]]
+        real = segment[:len(slots)]
+        # Order inside a segment comes from int32 atomics (scheduling-dependent on a GPU).
+        assert sorted(real) == slots, f"expert {e}: slots {sorted(real)} != {slots}"
+        assert all(s == num_slots for s in segment[len(slots):]), f"expert {e} padding"
+    assert all(s == num_slots for s in sorted_slots[offsets[-1]:]), "rows past the end"
+    local = {s for slots in per_expert for s in slots}
+    assert len(slot_row) == num_slots
+    for s in range(num_slots):
+        if s in local:
+            assert sorted_slots[slot_row[s]] == s
+        else:
+            assert slot_row[s] == -1
+
+
+def _ids(num_tokens, top_k, low, high, dtype, generator, distinct=True):
+    if distinct and high - low >= top_k:
+        rows = [torch.randperm(high - low, generator=generator)[:top_k] + low
+                for _ in range(num_tokens)]
+        ids = torch.stack(rows) if rows else torch.empty(0, top_k, dtype=torch.long)
+    else:
+        ids = torch.randint(low, high, (num_tokens, top_k), generator=generator)
+    return ids.to(dtype)
+
+
+CASES = [
+    # name, T, k, E, expert_start, id range (low, high), block_m
+    ("uniform", 37, 6, 16, 0, (0, 16), 8),
+    ("t_equals_1", 1, 6, 16, 0, (0, 16), 8),
+    ("t_equals_1_big_tile", 1, 6, 256, 0, (0, 256), 64),
+    ("tk_not_multiple", 7, 6, 8, 0, (0, 8), 16),
+    ("empty_experts", 5, 2, 64, 0, (10, 14), 8),
+    ("ep_mixed", 23, 6, 16, 16, (0, 64), 8),
+    ("ep_none_local", 4, 6, 16, 32, (0, 32), 8),
+    ("many_slots", 300, 6, 32, 0, (0, 32), 16),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_routing_matches_loops(case, dtype, kernels):
+    _, num_tokens, top_k, num_experts, start, (low, high), block_m = case
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(hash(case[0]) % 2**31)
+    ids = _ids(num_tokens, top_k, low, high, dtype, g).to(device)
+    routing = routing_mod.moe_routing(ids, num_experts, start, block_m)
+    check_routing(routing, ids, num_experts, start, block_m, routing_mod)
+
+
+def test_routing_skew_all_to_one_expert(kernels):
+    device, routing_mod, _ = kernels
+    num_tokens, top_k, num_experts, block_m = 45, 1, 32, 16
+    ids = torch.full((num_tokens, top_k), 7, dtype=torch.int32, device=device)
+    routing = routing_mod.moe_routing(ids, num_experts, 0, block_m)
+    check_routing(routing, ids, num_experts, 0, block_m, routing_mod)
+    offsets = routing.expert_offsets.cpu().tolist()
+    assert offsets[7] == 0 and offsets[8] == 48 and offsets[-1] == 48
+
+
+def test_routing_repeated_ids_in_one_row(kernels):
+    """Routers never repeat an expert within a row, but the kernels must not care."""
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(3)
+    ids = _ids(29, 6, 0, 4, torch.int64, g, distinct=False).to(device)
+    routing = routing_mod.moe_routing(ids, 4, 0, 8)
+    check_routing(routing, ids, 4, 0, 8, routing_mod)
+
+
+def test_routing_zero_tokens(kernels):
+    device, routing_mod, _ = kernels
+    ids = torch.empty(0, 6, dtype=torch.int32, device=device)
+    routing = routing_mod.moe_routing(ids, 16, 0, 8)
+    assert routing.sorted_slots.numel() == 0 and routing.slot_row.numel() == 0
+    assert routing.expert_offsets.cpu().tolist() == [0] * 17
+
+
+def test_padded_rows_bound():
+    from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+
+    assert padded_rows(6, 256, 8) == 48
+    assert padded_rows(6 * 4096, 256, 128) == 24576 + 256 * 127
+    assert padded_rows(0, 256, 8) == 0
+    # worst case: every slot a different expert, each padded to a full tile
+    assert padded_rows(5, 5, 16) == 80
+
+
+def test_gather_rows(kernels):
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(11)
+    num_tokens, top_k, num_experts, hidden_size, block_m = 13, 3, 8, 96, 8
+    ids = _ids(num_tokens, top_k, 0, 12, torch.int32, g).to(device)  # some non-local
+    hidden = torch.randn(num_tokens, hidden_size, generator=g).to(torch.bfloat16).to(device)
+    weights = torch.rand(num_tokens, top_k, generator=g).to(device)
+    routing = routing_mod.moe_routing(ids, num_experts, 0, block_m)
+    a, row_scale = routing_mod.gather_rows(hidden, weights, routing)
+    assert a.shape == (routing.sorted_slots.numel(), hidden_size) and a.dtype == torch.bfloat16
+    end = int(routing.expert_offsets[-1])
+    slots = routing.sorted_slots.cpu()
+    a, row_scale, hidden, weights = a.cpu(), row_scale.cpu(), hidden.cpu(), weights.cpu()
+    for r in range(end):
+        s = int(slots[r])
+        if s == num_tokens * top_k:
+            assert torch.equal(a[r], torch.zeros(hidden_size, dtype=torch.bfloat16))
+            assert row_scale[r] == 0
+        else:
+            assert torch.equal(a[r], hidden[s // top_k])
+            assert row_scale[r] == weights.reshape(-1)[s]
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 9])
+def test_combine_fixed_order_and_non_local(kernels, num_tokens):
+    device, _, combine_mod = kernels
+    g = torch.Generator().manual_seed(5 + num_tokens)
+    top_k, hidden_size, num_rows = 4, 80, 64
+    y = torch.randn(num_rows, hidden_size, generator=g).to(torch.bfloat16)
+    slot_row = torch.randperm(num_rows, generator=g)[:num_tokens * top_k].to(torch.int32)
+    if num_tokens:
+        slot_row[1::3] = -1  # non-local slots
+        slot_row[:top_k] = -1  # token 0: no local expert at all -> exactly 0
+    out = combine_mod.combine(y.to(device), slot_row.to(device), num_tokens, top_k, 1.5)
+    assert out.shape == (num_tokens, hidden_size) and out.dtype == torch.bfloat16
+    want = torch.zeros(num_tokens, hidden_size)
+    for t in range(num_tokens):
+        for j in range(top_k):
+            r = int(slot_row[t * top_k + j])
+            if r >= 0:
+                want[t] += y[r].float()
+    want = want * 1.5
+    if device == "cpu":
+        # Triton's interpreter converts fp32 -> bf16 by truncation (numpy has no bf16); the
+        # GPU rounds to nearest even.
+        want = (want.view(torch.int32) & -65536).view(torch.float32)
+    assert torch.equal(out.cpu(), want.to(torch.bfloat16))
+    if num_tokens:
+        assert torch.equal(out[0].cpu(), torch.zeros(hidden_size, dtype=torch.bfloat16))
