@@ -30,6 +30,11 @@ __all__ = [
     "check_topk_ids_values",
 ]
 
+#: Block scales may come as float8_e4m3fn or as their raw bytes viewed as uint8 (the same
+#: memory). The uint8 form exists because torch's SchemaCheckMode (opcheck's test_schema)
+#: cannot compare float8 tensors on the CPU; kernels read the bytes either way.
+SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
 K_ALIGN = 32  # packed rows of K/2 bytes stay 16-byte multiples for K % 32 == 0
 
 _value_checks = os.environ.get("NVFP4_OPS_VALUE_CHECKS", "1") not in ("0", "false", "off")
@@ -116,7 +121,7 @@ def check_linear_meta(
     if x.dim() != 2:
         raise NVFP4InputError(f"{op}: x must be 2-D [M, K], got shape {_shape(x)}")
     expect_dtype(op, "weight", weight, torch.uint8)
-    expect_dtype(op, "weight_scale", weight_scale, torch.float8_e4m3fn)
+    expect_dtype(op, "weight_scale", weight_scale, *SCALE_DTYPES)
     expect_dtype(op, "global_scale", global_scale, torch.float32)
     k = x.shape[1]
     expect_k_aligned(op, "x", k, "K (x.shape[1])")
@@ -150,10 +155,10 @@ def _check_gated_weights(
     """Checks gate/up + down weights with leading dims ``lead`` (``()`` or ``(E,)``);
     returns the intermediate size I."""
     expect_dtype(op, "w13", w13, torch.uint8)
-    expect_dtype(op, "w13_scale", w13_scale, torch.float8_e4m3fn)
+    expect_dtype(op, "w13_scale", w13_scale, *SCALE_DTYPES)
     expect_dtype(op, "w13_global", w13_global, torch.float32)
     expect_dtype(op, "w2", w2, torch.uint8)
-    expect_dtype(op, "w2_scale", w2_scale, torch.float8_e4m3fn)
+    expect_dtype(op, "w2_scale", w2_scale, *SCALE_DTYPES)
     expect_dtype(op, "w2_global", w2_global, torch.float32)
     sym = "[E, " if lead else "["
     if w13.dim() != len(lead) + 2 or w13.shape[-2] % 2:

@@ -44,6 +44,7 @@ __all__ = [
     "E2M1_MAX",
     "E4M3_MAX",
     "E2M1_VALUES",
+    "as_e4m3",
     "pack_e2m1",
     "unpack_e2m1",
     "e2m1_to_float",
@@ -128,12 +129,18 @@ def float_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     return code | ((x < 0).to(torch.uint8) << 3)
 
 
+def as_e4m3(block_scale: torch.Tensor) -> torch.Tensor:
+    """Block scales as ``float8_e4m3fn``: uint8 raw bytes are reinterpreted, not converted."""
+    return block_scale.view(torch.float8_e4m3fn) if block_scale.dtype == torch.uint8 else block_scale
+
+
 def _check_blocks(packed: torch.Tensor, block_scale: torch.Tensor, fn: str) -> None:
     if packed.dtype != torch.uint8:
         raise TypeError(f"{fn}: packed must be uint8 [..., K/2], got dtype {packed.dtype}")
-    if block_scale.dtype != torch.float8_e4m3fn:
+    if block_scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
         raise TypeError(
-            f"{fn}: block_scale must be float8_e4m3fn [..., K/16], got dtype {block_scale.dtype}"
+            f"{fn}: block_scale must be float8_e4m3fn (or its bytes as uint8) [..., K/16], "
+            f"got dtype {block_scale.dtype}"
         )
     k = packed.shape[-1] * 2
     want = (*packed.shape[:-1], k // BLOCK_SIZE)
@@ -149,12 +156,13 @@ def decode(packed: torch.Tensor, block_scale: torch.Tensor) -> torch.Tensor:
 
     Args:
         packed: ``uint8 [..., K/2]``.
-        block_scale: ``float8_e4m3fn [..., K/16]``.
+        block_scale: ``float8_e4m3fn [..., K/16]`` (or its raw bytes as ``uint8``).
 
     Returns:
         ``float32 [..., K]``.
     """
     _check_blocks(packed, block_scale, "decode")
+    block_scale = as_e4m3(block_scale)
     values = e2m1_to_float(unpack_e2m1(packed))
     scale = block_scale.float().repeat_interleave(BLOCK_SIZE, dim=-1)
     return values * scale

@@ -10,7 +10,7 @@ import torch
 
 from nvfp4_ops import format as fmt
 from nvfp4_ops._library import qualname
-from nvfp4_ops._validate import NVFP4InputError, expect_dtype
+from nvfp4_ops._validate import SCALE_DTYPES, NVFP4InputError, expect_dtype
 
 __all__ = ["quantize", "dequantize"]
 
@@ -58,7 +58,7 @@ def _(x, global_scale):
 def _check_dequantize_meta(packed, block_scale, global_scale) -> None:
     op = "nvfp4.dequantize"
     expect_dtype(op, "packed", packed, torch.uint8)
-    expect_dtype(op, "block_scale", block_scale, torch.float8_e4m3fn)
+    expect_dtype(op, "block_scale", block_scale, *SCALE_DTYPES)
     expect_dtype(op, "global_scale", global_scale, torch.float32)
     if packed.dim() == 0:
         raise NVFP4InputError(f"{op}: packed must be [..., K/2], got a scalar")
@@ -115,7 +115,7 @@ def dequantize(
 
     Args:
         packed: ``uint8 [..., K/2]``.
-        block_scale: ``float8_e4m3fn [..., K/16]``.
+        block_scale: ``float8_e4m3fn [..., K/16]`` (or its bytes as ``uint8``).
         global_scale: fp32 ``[]`` or ``packed.shape[:-1]`` (one per row).
 
     Returns:
