@@ -1,0 +1,143 @@
+"""CUDA implementation of ``nvfp4::moe``: routing -> gather -> GEMM 1 (+SwiGLU) -> GEMM 2
+(+router weight) -> deterministic combine.
+
+Data flow for ``T`` tokens, top-``k``, ``E`` local experts, ``N = T*k`` slots and the static
+padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`):
+
+1. :func:`moe_routing` (Triton): slots grouped by local expert, each segment padded from its
+   real count to a multiple of ``block_m``; ``tile_expert`` per ``block_m``-row tile (-1 past
+   the end) and ``slot_row`` (slot -> row, -1 for non-local experts).
+2. :func:`gather_rows` (Triton): ``a bf16 [P, H]`` = token rows in that order (zeros in padding
+   rows), ``row_scale f32 [P]`` = router weight per row (0 in padding rows).
+3. grouped W4A16 GEMM, ``swiglu`` epilogue: ``h bf16 [P, I]`` =
+   ``silu(min(gate, L)) * clamp(up, -L, L)``; gate rows scaled by ``w13_global[e, 0]``, up rows
+   by ``w13_global[e, 1]`` (separately, never folded).
+4. grouped W4A16 GEMM, ``row_scale`` epilogue: ``y bf16 [P, H]`` =
+   ``(h @ W2_e^T) * w2_global[e] * row_scale``.
+5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
+   fixed ``j`` order, non-local slots contribute 0.
+
+Every buffer is allocated with torch on the current device (the caching allocator, so the graph
+pool under capture), every launch goes to the current stream, every grid comes from
+``(T, k, E, H, I, block_m)``: no host synchronisation, so the whole op can be captured in a CUDA
+graph and replayed with new hidden states *and* new routing. ``block_m`` is a static function
+of ``(T*k, E)`` (:func:`choose_block_m`).
+
+Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
+in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
+keeps it fp32; the contract allows either).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from nvfp4_ops.kernels.triton.moe_combine import combine
+from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
+
+__all__ = ["BLOCK_MS", "choose_block_m", "moe_cuda", "moe_forward", "moe_supported",
+           "padded_rows"]
+
+#: token-tile sizes of the grouped GEMM (kept in step with ``kernels.cute.w4a16_gemm.BLOCK_MS``
+#: by ``tests/test_moe_routing.py``; not imported from there so this module loads without
+#: CuTeDSL).
+BLOCK_MS = (8, 16, 32, 64)
+
+
+def choose_block_m(num_slots: int, num_experts: int) -> int:
+    """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts.
+
+    The GEMMs stream each expert's weights once per tile of its segment, so at small batch
+    (memory-bound) a tile should hold a typical expert's whole segment: the smallest tile of at
+    least twice the mean count ``N / E`` (uniform routing: Poisson counts, rarely above 2x the
+    mean for means >= 4), capped at the largest tile. Pure function of static sizes.
+    V4-Flash (E = 256, k = 6): T <= 42 -> 8, T <= 170 -> 8/16, T = 512 -> 32, T >= 1366 -> 64.
+    """
+    want = 2 * num_slots / max(1, num_experts)
+    for block_m in BLOCK_MS:
+        if block_m >= want:
+            return block_m
+    return BLOCK_MS[-1]
+
+
+def moe_supported(hidden_size: int, inter: int) -> bool:
+    """Whether the grouped GEMM covers these sizes (both GEMMs: K and N_out multiples of 128
+    and 16)."""
+    return hidden_size % 128 == 0 and inter % 128 == 0
+
+
+def _row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
+                 hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row global scales as the GEMM takes them: ``[E, 2I]`` (gate rows get
+    ``w13_global[e, 0]``, up rows ``w13_global[e, 1]``) and ``[E, H]``.
+
+    Two small copies per call (4 MB each for V4-Flash): kept per call rather than cached so a
+    CUDA graph never replays stale scales and no cache can be filled during capture.
+    """
+    w13_rows = w13_global.float().repeat_interleave(inter, dim=1)
+    w2_rows = w2_global.float().unsqueeze(1).expand(-1, hidden_size).contiguous()
+    return w13_rows, w2_rows
+
+
+def moe_forward(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_global: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_global: torch.Tensor,
+    expert_start: int,
+    swiglu_limit: float | None,
+    output_scale: float,
+    *,
+    gemm: Callable,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
+
+    ``gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit, row_scale,
+    bias, block_m)`` follows the contract of ``grouped_w4a16_gemm``. Arguments as for
+    :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
+    """
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_ids.shape[1]
+    num_experts, two_inter = w13.shape[0], w13.shape[1]
+    inter = two_inter // 2
+    if num_tokens == 0:
+        return torch.empty(0, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    if block_m is None:
+        block_m = choose_block_m(num_tokens * top_k, num_experts)
+    routing = moe_routing(topk_ids, num_experts, expert_start, block_m)
+    a, row_scale = gather_rows(hidden, topk_weights, routing)
+    num_rows = a.shape[0]
+    w13_rows, w2_rows = _row_globals(w13_global, w2_global, inter, hidden_size)
+    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
+    gemm(a, routing.tile_expert, w13, w13_scale, w13_rows, act, epilogue="swiglu",
+         swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m)
+    expert_out = torch.empty(num_rows, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    gemm(act, routing.tile_expert, w2, w2_scale, w2_rows, expert_out, epilogue="row_scale",
+         swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m)
+    return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale)
+
+
+def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+             w2_global, expert_start, swiglu_limit, output_scale):
+    """``CUDA_KERNELS["moe"]``: the validated op arguments -> ``bf16 [T, H]``.
+
+    Sizes the grouped GEMM does not cover (H or I not a multiple of 128) run the reference.
+    """
+    if not moe_supported(hidden.shape[1], w13.shape[1] // 2):
+        from nvfp4_ops.reference import moe_reference
+
+        return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
+                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+
+    return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
+                       w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
+                       gemm=grouped_w4a16_gemm)
