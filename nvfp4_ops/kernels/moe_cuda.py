@@ -38,7 +38,7 @@ from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
 __all__ = ["BLOCK_MS", "choose_block_m", "moe_cuda", "moe_forward", "moe_supported",
-           "padded_rows"]
+           "padded_rows", "warmup_triton"]
 
 #: token-tile sizes of the grouped GEMM (kept in step with ``kernels.cute.w4a16_gemm.BLOCK_MS``
 #: by ``tests/test_moe_routing.py``; not imported from there so this module loads without
@@ -141,3 +141,30 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                        gemm=grouped_w4a16_gemm)
+
+
+def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",
+                  id_dtypes: tuple[torch.dtype, ...] = (torch.int32, torch.int64)) -> list[str]:
+    """Compile and run once every Triton variant the MoE path can reach for ``(H, k)``.
+
+    The Triton kernels specialise only on ``block_m``, ``k``, ``H`` and the id dtype (never on
+    ``T`` or ``E``), so tiny dummy inputs cover every batch size and EP split. The grouped-GEMM
+    variants are warmed by :func:`nvfp4_ops._compile.warmup`. Call both before CUDA-graph
+    capture.
+
+    Returns:
+        One name per variant warmed.
+    """
+    names = []
+    num_tokens, num_experts = 3, 4
+    hidden = torch.zeros(num_tokens, hidden_size, dtype=torch.bfloat16, device=device)
+    weights = torch.full((num_tokens, top_k), 0.5, dtype=torch.float32, device=device)
+    for id_dtype in id_dtypes:
+        ids = (torch.arange(num_tokens * top_k, device=device) % (num_experts + 1)).to(id_dtype)
+        ids = ids.reshape(num_tokens, top_k)
+        for block_m in BLOCK_MS:
+            routing = moe_routing(ids, num_experts, 0, block_m)
+            a, _ = gather_rows(hidden, weights, routing)
+            combine(a, routing.slot_row, num_tokens, top_k, 1.0)
+            names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{id_dtype}")
+    return names

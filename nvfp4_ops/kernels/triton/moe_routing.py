@@ -36,8 +36,8 @@ Four launches, none reads a device value on the host:
    ``row_scale[r] = topk_weights.flat[sorted_slots[r]]`` (0 for padding rows), for the tiles
    that hold rows; tiles past the end are left untouched (the GEMMs skip them).
 
-The jitted functions never specialise on the token count (``do_not_specialize``), so one
-compiled variant per ``(E, block_m, k)`` serves every T.
+The jitted functions never specialise on the token or expert counts (``do_not_specialize``),
+so one compiled variant per ``(block_m, k, H, id dtype)`` serves every T and every EP split.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ __all__ = [
 _COUNT_BLOCK = 1024
 _SCAN_TILES = 16  # tiles resolved per step in the single-program scan (16 x E_PAD compares)
 _FILL_BLOCK = 1024
+#: the scan holds one lane per expert; a fixed width keeps one compiled variant for every local
+#: expert count up to this (V4-Pro has 384 routed experts), whatever the EP split.
+MAX_EXPERTS = 512
 
 
 def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
@@ -76,32 +79,32 @@ class MoERouting(NamedTuple):
     block_m: int
 
 
-@triton.jit(do_not_specialize=["num_slots", "expert_start"])
-def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start,
-                  NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
+def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start, num_experts,
+                  BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < num_slots
     ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
     local = ids - expert_start
-    is_local = in_range & (local >= 0) & (local < NUM_EXPERTS)
+    is_local = in_range & (local >= 0) & (local < num_experts)
     local32 = tl.where(is_local, local, 0).to(tl.int32)
     tl.atomic_add(counts_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
 
 
-@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles"])
+@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
 def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-                 num_slots, num_rows, num_tiles,
-                 NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                 num_slots, num_rows, num_tiles, num_experts,
+                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                  SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
     e = tl.arange(0, E_PAD)
-    is_expert = e < NUM_EXPERTS
+    is_expert = e < num_experts
     counts = tl.load(counts_ptr + e, mask=is_expert, other=0)
     padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
     total = tl.sum(padded, 0)
     tl.store(expert_offsets_ptr + e, starts, mask=is_expert)
-    tl.store(expert_offsets_ptr + NUM_EXPERTS + e * 0, total, mask=e == 0)
+    tl.store(expert_offsets_ptr + num_experts + e * 0, total, mask=e == 0)
     tl.store(cursor_ptr + e, starts, mask=is_expert)
     # Tile i starts at row i * BLOCK_M; its expert is the number of segments ending at or
     # before that row (empty segments end where they start, so they are skipped).
@@ -118,14 +121,14 @@ def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, so
         tl.store(sorted_slots_ptr + rows, sentinel, mask=rows < num_rows)
 
 
-@triton.jit(do_not_specialize=["num_slots", "expert_start"])
+@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
 def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
-                  expert_start, NUM_EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+                  expert_start, num_experts, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < num_slots
     ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
     local = ids - expert_start
-    is_local = in_range & (local >= 0) & (local < NUM_EXPERTS)
+    is_local = in_range & (local >= 0) & (local < num_experts)
     local32 = tl.where(is_local, local, 0).to(tl.int32)
     row = tl.atomic_add(cursor_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
     tl.store(sorted_slots_ptr + row, offs.to(tl.int32), mask=is_local)
@@ -182,15 +185,15 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     sorted_slots = torch.empty(num_rows, dtype=torch.int32, device=device)
     slot_row = torch.empty(num_slots, dtype=torch.int32, device=device)
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
-    _count_kernel[slot_grid](ids, counts, num_slots, expert_start,
-                             NUM_EXPERTS=num_experts, BLOCK=_COUNT_BLOCK)
-    e_pad = max(16, triton.next_power_of_2(num_experts))
+    _count_kernel[slot_grid](ids, counts, num_slots, expert_start, num_experts,
+                             BLOCK=_COUNT_BLOCK)
+    e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
     _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, sorted_slots,
-                       num_slots, num_rows, num_tiles,
-                       NUM_EXPERTS=num_experts, E_PAD=e_pad, BLOCK_M=block_m,
+                       num_slots, num_rows, num_tiles, num_experts,
+                       E_PAD=e_pad, BLOCK_M=block_m,
                        SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK, num_warps=8)
     _place_kernel[slot_grid](ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
-                             NUM_EXPERTS=num_experts, BLOCK=_COUNT_BLOCK)
+                             num_experts, BLOCK=_COUNT_BLOCK)
     return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m)
 
 
