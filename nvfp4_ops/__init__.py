@@ -8,6 +8,7 @@ imports no GPU kernel code; CUDA kernels are loaded on first use.
 from __future__ import annotations
 
 from nvfp4_ops import format
+from nvfp4_ops._compile import warmup
 from nvfp4_ops._validate import NVFP4InputError, set_value_checks
 from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
@@ -26,4 +27,5 @@ __all__ = [
     "moe",
     "quantize",
     "set_value_checks",
+    "warmup",
 ]

@@ -17,7 +17,10 @@ __all__ = ["CUDA_KERNELS", "cuda_kernel", "describe", "forced_reference"]
 
 #: op name -> "module:function" of its CUDA implementation. An op missing here runs its
 #: pure-torch reference on the GPU (exact but slow, and not CUDA-graph safe for ``moe``).
-CUDA_KERNELS: dict[str, str] = {}
+CUDA_KERNELS: dict[str, str] = {
+    "linear": "nvfp4_ops.kernels.linear_cuda:linear",
+    "mlp": "nvfp4_ops.kernels.linear_cuda:mlp",
+}
 
 
 def forced_reference() -> bool:

@@ -1,0 +1,462 @@
+"""Exact W4A16 NVFP4 grouped GEMM for Hopper (sm_90a), written in CuTeDSL.
+
+``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * w_global[g, n])``
+for every token row ``p`` of an m-tile whose group (expert) is ``g``.
+
+Interface (the contract shared with the MoE helper; the torch-side entry point is
+:func:`nvfp4_ops.kernels.linear_cuda.grouped_w4a16_gemm`, this module only holds the CuTeDSL
+kernel and its compile-time configuration):
+
+* ``a``: bf16 ``[P, K]`` contiguous, rows grouped by expert; ``P`` is symbolic (one binary
+  serves every token count).
+* ``tile_expert``: int32 ``[ceil(P / block_m)]``: local expert of each m-tile, ``-1`` = skip
+  (rows of a skipped tile are never written). Linear / MLP pass a one-element dummy and compile
+  with ``grouped=False`` (every tile is group 0).
+* ``w`` uint8 ``[G, N, K/2]`` (checkpoint layout, low nibble = even k), ``w_scale`` e4m3 viewed
+  as uint8 ``[G, N, K/16]`` (row-major, as in checkpoints), ``w_global`` fp32 ``[G, N]``.
+* ``out`` bf16 ``[P, N_out]``; ``N_out = N/2`` for ``swiglu`` (gate rows ``[0, N/2)``, up rows
+  ``[N/2, N)``), else ``N``.
+* ``row_scale`` fp32 ``[P]`` (``row_scale`` epilogue), ``bias`` bf16 ``[N]`` (``none``
+  epilogue), each a one-element dummy when unused; ``swiglu_limit`` fp32 scalar (``inf`` = none).
+
+The math (exact up to fp32 summation order)
+-------------------------------------------
+Weights are the MMA's A operand (rows = output features, the M side of ``mma.sync.m16n8k16``)
+and tokens are the B operand (the N side, 8 tokens per MMA), so a decode batch of 1-16 tokens
+costs 1-2 MMA columns instead of a 64-row tile.
+
+FP4 decode happens in registers: an e2m1 code's magnitude (3 bits) selects the bf16 bytes of
+{0, .5, 1, 1.5, 2, 3, 4, 6} through two ``prmt`` byte-permutes (low bytes, high bytes), the sign
+bit is moved to bit 15 with one more ``prmt`` + mask, and the pair is multiplied by the block
+scale as bf16x2. e2m1 (2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit
+significand, so that product is exact: the MMA sees exactly ``e2m1 * block_scale``. The MMA
+accumulates in fp32; the per-row global scale (and bias, SwiGLU, router weight) is applied to the
+fp32 accumulator in the epilogue, and the result is rounded to bf16 once.
+
+No weight re-layout: the checkpoint bytes are consumed directly. A lane with ``lane % 4 == c``
+loads 16 bytes of one weight row = physical k ``[kb + 32c, kb + 32c + 32)`` (one 128-bit load,
+two block scales), and uses u32 word ``i`` (physical k ``32c + 8i .. 32c + 8i + 7``) for two
+MMA k-steps: step ``s`` feeds physical k ``32c + 8i + 4s + {0,1,2,3}`` as the MMA's logical k
+``{2c, 2c+1, 2c+8, 2c+9}``. The activation B-fragment is loaded with the same permutation, which
+makes it one 16-byte load per (token, lane, word): ``a[token, kb + 32c + 8i : +8]``. Only the
+order of the k reduction changes, not the math.
+
+Parallelism: a CTA has ``warps_n * warps_k`` warps. Each warp owns 16 weight rows (32 for
+SwiGLU: the gate rows and the matching up rows) and ``block_m`` tokens, over one of ``warps_k``
+K-slices; K-slices are summed through shared memory in a fixed order (deterministic split-K, no
+atomics). Grid = ``(N_out / (16 warps_n), ceil(P / block_m))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass.cute.arch import inline_ptx
+
+__all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
+
+EPILOGUES = ("none", "swiglu", "row_scale")
+#: token tile sizes (``block_m``) a binary can be compiled for; the MoE routing pads each
+#: expert segment to a multiple of the one it uses.
+BLOCK_MS = (8, 16, 32, 64)
+
+# bf16 bytes of the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, as prmt tables (entry j = byte j)
+_LUT_LO_A, _LUT_LO_B = 0xC0800000, 0xC0804000
+_LUT_HI_A, _LUT_HI_B = 0x3F3F3F00, 0x40404040
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything that changes the generated code (and nothing else: P and G are symbolic).
+
+    ``n``/``k``: weight rows / reduction length per group (static). ``block_m``: tokens per CTA
+    (8 x MMA columns). ``warps_n``: warps along the weight rows, ``warps_k``: warps splitting K.
+    """
+
+    n: int
+    k: int
+    epilogue: str = "none"
+    has_bias: bool = False
+    grouped: bool = False
+    block_m: int = 16
+    warps_n: int = 1
+    warps_k: int = 8
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
+        if self.has_bias and self.epilogue != "none":
+            raise ValueError("bias is only supported with the 'none' epilogue")
+        if self.n_out % (16 * self.warps_n) != 0:
+            raise ValueError(f"N_out={self.n_out} must be a multiple of {16 * self.warps_n}")
+        if self.k % (128 * self.warps_k) != 0:
+            raise ValueError(f"K={self.k} must be a multiple of {128 * self.warps_k}")
+        if self.epilogue == "swiglu" and self.n % 32 != 0:
+            raise ValueError("swiglu needs N % 32 == 0")
+
+    @property
+    def n_out(self) -> int:
+        return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
+    def name(self) -> str:
+        return (
+            f"w4a16_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
+            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_wn{self.warps_n}"
+            f"_wk{self.warps_k}_{self.arch}"
+        )
+
+
+def supported(n_out: int, k: int) -> bool:
+    """Whether some config covers this problem (else callers fall back to the reference)."""
+    return n_out % 16 == 0 and k % 128 == 0
+
+
+def choose_config(
+    n: int,
+    k: int,
+    block_m: int,
+    epilogue: str = "none",
+    has_bias: bool = False,
+    grouped: bool = False,
+) -> GemmConfig:
+    """The tile config used for a problem; a pure function of static sizes and ``block_m``.
+
+    Small token tiles (decode) are memory-bound: one warp column of 16 rows and K split over up
+    to 8 warps keeps enough 16-byte weight loads in flight. Large tiles use 4 warps along N and
+    no split (the token dimension already gives parallelism).
+    """
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if block_m >= 64:
+        warps_n = 4 if n_out % 64 == 0 else (2 if n_out % 32 == 0 else 1)
+        warps_k = 1
+    else:
+        warps_n = 1
+        warps_k = 8
+        while (k // 128) % warps_k != 0:
+            warps_k //= 2
+    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k)
+
+
+# --------------------------------------------------------------------------------------------
+# PTX building blocks
+# --------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def _ld_v4(addr: Int64):
+    """16-byte read-only global load (address must be 16-byte aligned)."""
+    return inline_ptx(
+        "ld.global.nc.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[addr],
+    )
+
+
+@cute.jit
+def _ld_u16(addr: Int64):
+    """2-byte read-only global load, zero-extended to 32 bits."""
+    return inline_ptx(
+        "ld.global.nc.u16 {$w0}, [{$r0}];",
+        write_only_types=[Int32],
+        read_only_args=[addr],
+    )
+
+
+@cute.jit
+def _scales_to_bf16x2(two_scales: Int32):
+    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice).
+
+    e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
+    """
+    return inline_ptx(
+        "{\n"
+        ".reg .b16 s16, h0, h1;\n"
+        ".reg .b32 hh;\n"
+        ".reg .f32 f0, f1;\n"
+        "cvt.u16.u32 s16, {$r0};\n"
+        "cvt.rn.f16x2.e4m3x2 hh, s16;\n"
+        "mov.b32 {h0, h1}, hh;\n"
+        "cvt.f32.f16 f0, h0;\n"
+        "cvt.f32.f16 f1, h1;\n"
+        "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
+        "cvt.rn.bf16x2.f32 {$w1}, f1, f1;\n"
+        "}",
+        write_only_types=[Int32, Int32],
+        read_only_args=[two_scales],
+    )
+
+
+@cute.jit
+def _decode_word(word: Int32, scale2: Int32):
+    """8 e2m1 codes (one u32, code j in nibble j) -> 4 bf16x2 pairs (codes 2j, 2j+1) * scale.
+
+    Magnitude via two prmt table lookups (low byte, high byte of the bf16), interleaved by a
+    third prmt; the sign of code 2j / 2j+1 (bit 8j+3 / 8j+7 of the word) is moved to bit 15 / 31
+    by a prmt of (signs << 4, signs). The final bf16x2 multiply by the block scale is exact.
+    """
+    return inline_ptx(
+        "{\n"
+        ".reg .b32 la, lb, ha, hb, sl, sh, l0, h0, l1, h1, sg, sg4, t, p;\n"
+        f"mov.b32 la, {_LUT_LO_A};\n"
+        f"mov.b32 lb, {_LUT_LO_B};\n"
+        f"mov.b32 ha, {_LUT_HI_A};\n"
+        f"mov.b32 hb, {_LUT_HI_B};\n"
+        "and.b32 sl, {$r0}, 0x7777;\n"
+        "shr.b32 sh, {$r0}, 16;\n"
+        "and.b32 sh, sh, 0x7777;\n"
+        "prmt.b32 l0, la, lb, sl;\n"
+        "prmt.b32 h0, ha, hb, sl;\n"
+        "prmt.b32 l1, la, lb, sh;\n"
+        "prmt.b32 h1, ha, hb, sh;\n"
+        "and.b32 sg, {$r0}, 0x88888888;\n"
+        "shl.b32 sg4, sg, 4;\n"
+        # pair 0: codes 0, 1 (byte 0 of the word)
+        "prmt.b32 p, l0, h0, 0x5140;\n"
+        "prmt.b32 t, sg4, sg, 0x4000;\n"
+        "and.b32 t, t, 0x80008000;\n"
+        "or.b32 p, p, t;\n"
+        "mul.rn.bf16x2 {$w0}, p, {$r1};\n"
+        # pair 1: codes 2, 3 (byte 1)
+        "prmt.b32 p, l0, h0, 0x7362;\n"
+        "prmt.b32 t, sg4, sg, 0x5010;\n"
+        "and.b32 t, t, 0x80008000;\n"
+        "or.b32 p, p, t;\n"
+        "mul.rn.bf16x2 {$w1}, p, {$r1};\n"
+        # pair 2: codes 4, 5 (byte 2)
+        "prmt.b32 p, l1, h1, 0x5140;\n"
+        "prmt.b32 t, sg4, sg, 0x6020;\n"
+        "and.b32 t, t, 0x80008000;\n"
+        "or.b32 p, p, t;\n"
+        "mul.rn.bf16x2 {$w2}, p, {$r1};\n"
+        # pair 3: codes 6, 7 (byte 3)
+        "prmt.b32 p, l1, h1, 0x7362;\n"
+        "prmt.b32 t, sg4, sg, 0x7030;\n"
+        "and.b32 t, t, 0x80008000;\n"
+        "or.b32 p, p, t;\n"
+        "mul.rn.bf16x2 {$w3}, p, {$r1};\n"
+        "}",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[word, scale2],
+    )
+
+
+@cute.jit
+def _mma(acc: cute.Tensor, base: int, a0, a1, a2, a3, b0, b1):
+    """acc[base:base+4] += A(16x16 bf16) @ B(16x8 bf16), mma.sync m16n8k16, fp32 accumulate."""
+    d0, d1, d2, d3 = inline_ptx(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, "
+        "{{$r6}, {$r7}, {$r8}, {$r9}};",
+        write_only_types=[Float32, Float32, Float32, Float32],
+        read_only_args=[
+            a0, a1, a2, a3, b0, b1, acc[base], acc[base + 1], acc[base + 2], acc[base + 3]
+        ],
+    )
+    acc[base] = d0
+    acc[base + 1] = d1
+    acc[base + 2] = d2
+    acc[base + 3] = d3
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------
+
+
+class W4A16GroupedGemm:
+    """The CuTeDSL kernel for one :class:`GemmConfig`; see the module docstring."""
+
+    def __init__(self, cfg: GemmConfig) -> None:
+        self.cfg = cfg
+        self.num_tiles = cfg.block_m // 8  # MMA columns per warp
+        self.num_row_sets = 2 if cfg.epilogue == "swiglu" else 1
+        self.num_warps = cfg.warps_n * cfg.warps_k
+        self.acc_len = 4 * self.num_tiles * self.num_row_sets
+        self.k_iters = cfg.k // (128 * cfg.warps_k)
+        self.red_len = max(1, (cfg.warps_k - 1) * cfg.warps_n * 32 * self.acc_len)
+        self.smem_bytes = 4 * self.red_len + 64
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+        num_rows = a.shape[0]
+        grid_n = cfg.n_out // (16 * cfg.warps_n)
+        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
+        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
+                             swiglu_limit)
+        kernel.launch(
+            grid=[grid_n, grid_m, 1],
+            block=[32 * self.num_warps, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+    ):
+        cfg = self.cfg
+        n_static = cfg.n
+        k_static = cfg.k
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        grp = lane // 4  # MMA groupID: weight row g / token column g
+        quad = lane % 4  # MMA thread-in-group: which 32-k chunk of the 128-k step
+        wn = warp % cfg.warps_n
+        wk = warp // cfg.warps_n
+
+        num_rows = a.shape[0]
+        expert = Int32(0)
+        if const_expr(cfg.grouped):
+            expert = tile_expert[bidy]
+
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(
+            Float32, cute.make_layout(self.red_len), 16
+        )
+
+        if expert >= 0:
+            m0 = bidy * cfg.block_m
+            row0 = bidx * (16 * cfg.warps_n) + wn * 16  # first gate (or only) row of this warp
+            acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+            for j in cutlass.range_constexpr(self.acc_len):
+                acc[j] = Float32(0.0)
+
+            w_base = w.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 2))
+            s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 16))
+            a_base = a.iterator.toint()
+            # weight row addresses of this lane (rows g and g+8, per row set)
+            w_row_addr = []
+            s_row_addr = []
+            for r in cutlass.range_constexpr(self.num_row_sets):
+                for h in cutlass.range_constexpr(2):
+                    row = row0 + r * (n_static // 2) + h * 8 + grp
+                    w_row_addr.append(w_base + Int64(row) * Int64(k_static // 2) + Int64(quad * 16))
+                    s_row_addr.append(s_base + Int64(row) * Int64(k_static // 16) + Int64(quad * 2))
+            # activation row address per MMA column tile (token clamped: never read past P)
+            a_row_addr = []
+            for t in cutlass.range_constexpr(self.num_tiles):
+                token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
+                a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2) + Int64(quad * 64))
+
+            for it in cutlass.range(self.k_iters, unroll=1):
+                kb = (wk * self.k_iters + it) * 128
+                for r in cutlass.range_constexpr(self.num_row_sets):
+                    wv = []
+                    sv = []
+                    for h in cutlass.range_constexpr(2):
+                        wv.append(_ld_v4(w_row_addr[2 * r + h] + Int64(kb // 2)))
+                        s0, s1 = _scales_to_bf16x2(_ld_u16(s_row_addr[2 * r + h] + Int64(kb // 16)))
+                        sv.append((s0, s1))
+                    for i in cutlass.range_constexpr(4):
+                        # rows g (h=0) and g+8 (h=1): word i, block scale i // 2
+                        dg = _decode_word(wv[0][i], sv[0][i // 2])
+                        d8 = _decode_word(wv[1][i], sv[1][i // 2])
+                        for t in cutlass.range_constexpr(self.num_tiles):
+                            xv = _ld_v4(a_row_addr[t] + Int64(kb * 2 + i * 16))
+                            base = 4 * (r * self.num_tiles + t)
+                            # step 0: physical k 8i+{0..3}; step 1: 8i+{4..7} (module docstring)
+                            _mma(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
+                            _mma(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
+
+            # deterministic split-K: warps wk > 0 park partial sums, wk == 0 adds them in order
+            if const_expr(cfg.warps_k > 1):
+                if wk > 0:
+                    slot = ((wk - 1) * cfg.warps_n + wn) * 32 + lane
+                    for j in cutlass.range_constexpr(self.acc_len):
+                        red[j * (cfg.warps_k - 1) * cfg.warps_n * 32 + slot] = acc[j]
+            cute.arch.sync_threads()
+            if wk == 0:
+                if const_expr(cfg.warps_k > 1):
+                    for q in cutlass.range_constexpr(cfg.warps_k - 1):
+                        slot = (q * cfg.warps_n + wn) * 32 + lane
+                        for j in cutlass.range_constexpr(self.acc_len):
+                            acc[j] = acc[j] + red[j * (cfg.warps_k - 1) * cfg.warps_n * 32 + slot]
+                self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
+                              m0, grp, quad, num_rows)
+
+    @cute.jit
+    def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
+                 grp, quad, num_rows):
+        """C fragment j of column tile t: weight row g + 8 (j // 2), token 8t + 2c + (j % 2)."""
+        cfg = self.cfg
+        half = cfg.n // 2
+        for t in cutlass.range_constexpr(self.num_tiles):
+            for j in cutlass.range_constexpr(4):
+                token = m0 + t * 8 + quad * 2 + (j % 2)
+                row = row0 + grp + 8 * (j // 2)
+                if token < num_rows:
+                    v = acc[4 * t + j] * w_global[expert, row]
+                    if const_expr(cfg.epilogue == "swiglu"):
+                        up = acc[4 * (self.num_tiles + t) + j] * w_global[expert, row + half]
+                        gate = cutlass.min(v, swiglu_limit)
+                        up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
+                        v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                    if const_expr(cfg.epilogue == "row_scale"):
+                        v = v * row_scale[token]
+                    if const_expr(cfg.has_bias):
+                        v = v + bias[row].to(Float32)
+                    out[token, row] = v.to(BFloat16)
+
+
+def compile_gemm(cfg: GemmConfig, extra_options: str = ""):
+    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
+
+    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
+    with torch tensors; it launches on torch's current stream.
+    """
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    from cutlass.runtime import make_fake_stream
+
+    sym = cute.sym_int
+    n, k = cfg.n, cfg.k
+    row_major2 = (1, 0)
+    row_major3 = (2, 1, 0)
+    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
+    w = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
+    )
+    w_scale = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=2
+    )
+    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
+    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
+    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
+    row_scale = make_fake_compact_tensor(Float32, (sym(),))
+    bias = make_fake_compact_tensor(BFloat16, (sym(),))
+    return cute.compile(
+        W4A16GroupedGemm(cfg),
+        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
+    )

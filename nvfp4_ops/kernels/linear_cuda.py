@@ -1,0 +1,234 @@
+"""CUDA glue from the ``nvfp4::linear`` / ``nvfp4::mlp`` op arguments to the W4A16 GEMM.
+
+Also the torch-facing grouped GEMM (:func:`grouped_w4a16_gemm`) that the fused MoE reuses, the
+variant enumeration behind :func:`nvfp4_ops.warmup` / ``python -m nvfp4_ops precompile``, and
+the token-tile choice. Everything is CUDA-graph safe: no host syncs, grid sizes from static
+shapes only, launches on torch's current stream (tvm-ffi reads it at call time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from nvfp4_ops import _compile
+
+__all__ = [
+    "block_m_for_tokens",
+    "compiled_gemm",
+    "grouped_w4a16_gemm",
+    "linear",
+    "mlp",
+    "run_once",
+    "variants_for_shapes",
+]
+
+_BLOCK_MS = (8, 16, 32, 64)  # == w4a16_gemm.BLOCK_MS (kept here so no cutlass import is needed)
+_dummies: dict[tuple, torch.Tensor] = {}
+
+
+def _gemm_module():
+    _compile.ensure_cutlass_env()
+    from nvfp4_ops.kernels.cute import w4a16_gemm
+
+    return w4a16_gemm
+
+
+def block_m_for_tokens(num_tokens: int) -> int:
+    """Token tile for a dense linear of ``num_tokens`` rows (static: from the shape only)."""
+    for bm in _BLOCK_MS:
+        if num_tokens <= bm:
+            return bm
+    return _BLOCK_MS[-1]
+
+
+def supported(n_out: int, k: int) -> bool:
+    """Shapes the kernel covers (N_out % 16, K % 128); others run the exact reference."""
+    return n_out % 16 == 0 and k % 128 == 0
+
+
+def compiled_gemm(cfg):
+    """The binary for a :class:`~nvfp4_ops.kernels.cute.w4a16_gemm.GemmConfig` (cached)."""
+    mod = _gemm_module()
+    return _compile.get_compiled(cfg, lambda: mod.compile_gemm(cfg))
+
+
+def _dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (dtype, device)
+    t = _dummies.get(key)
+    if t is None:
+        t = torch.zeros(1, dtype=dtype, device=device)
+        _dummies[key] = t
+    return t
+
+
+def _aligned(t: torch.Tensor, align: int = 16) -> torch.Tensor:
+    t = t.contiguous()
+    if t.data_ptr() % align != 0:
+        t = t.clone()
+    return t
+
+
+def grouped_w4a16_gemm(
+    a: torch.Tensor,
+    tile_expert: torch.Tensor | None,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    w_global: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    epilogue: str = "none",
+    swiglu_limit: float | None = None,
+    row_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    block_m: int = 16,
+) -> None:
+    """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
+
+    Args:
+        a: bf16 ``[P, K]`` (rows grouped by expert, each segment padded to ``block_m``).
+        tile_expert: int32 ``[ceil(P / block_m)]`` local group per m-tile, ``-1`` = skip (its
+            rows are not written); None = one group, every tile valid (linear / MLP).
+        w: uint8 ``[G, N, K/2]``; w_scale: float8_e4m3fn (or its uint8 view) ``[G, N, K/16]``;
+        w_global: fp32 ``[G, N]`` per output row (gate/up halves keep separate scales).
+        out: bf16 ``[P, N_out]``, preallocated; ``N_out = N/2`` for ``swiglu``.
+        epilogue: ``"none"`` (+ optional ``bias`` bf16 ``[N]``), ``"swiglu"`` (gate rows
+            ``[0, N/2)``, up rows ``[N/2, N)``; ``silu(min(gate, L)) * clamp(up, -L, L)`` in fp32),
+            ``"row_scale"`` (``* row_scale[p]``, fp32 ``[P]``).
+        swiglu_limit: ``L`` or None (no clamp).
+        block_m: token tile, one of (8, 16, 32, 64); static.
+
+    Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
+
+    Raises:
+        ValueError: wrong shapes/dtypes, or an unsupported size.
+    """
+    if w.dim() == 2:
+        w, w_scale, w_global = w.unsqueeze(0), w_scale.unsqueeze(0), w_global.reshape(1, -1)
+    num_rows, k = a.shape
+    groups, n, k_half = w.shape
+    if k_half * 2 != k or tuple(w_scale.shape) != (groups, n, k // 16):
+        raise ValueError(f"shape mismatch: a {tuple(a.shape)}, w {tuple(w.shape)}, "
+                         f"w_scale {tuple(w_scale.shape)}")
+    if tuple(w_global.shape) != (groups, n) or w_global.dtype != torch.float32:
+        raise ValueError(f"w_global must be fp32 [G, N] = [{groups}, {n}]")
+    if a.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or w.dtype != torch.uint8:
+        raise ValueError("a/out must be bf16 and w uint8")
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if out.shape[0] < num_rows or out.shape[1] != n_out or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [>= {num_rows}, {n_out}]")
+    if not supported(n_out, k):
+        raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%128)")
+    if epilogue == "row_scale" and (row_scale is None or row_scale.shape[0] < num_rows):
+        raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
+    if num_rows == 0:
+        return
+    mod = _gemm_module()
+    cfg = mod.choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None)
+    fn = compiled_gemm(cfg)
+    dev = a.device
+    if w_scale.dtype != torch.uint8:
+        w_scale = w_scale.view(torch.uint8)
+    fn(
+        _aligned(a),
+        _aligned(w),
+        w_scale.contiguous(),
+        w_global.contiguous(),
+        out,
+        tile_expert.contiguous() if tile_expert is not None else _dummy(torch.int32, dev),
+        row_scale.float().contiguous() if row_scale is not None else _dummy(torch.float32, dev),
+        bias.contiguous() if bias is not None else _dummy(torch.bfloat16, dev),
+        float("inf") if swiglu_limit is None else float(swiglu_limit),
+    )
+
+
+def linear(x, weight, weight_scale, global_scale, bias):
+    """CUDA kernel of ``nvfp4::linear`` (arguments already validated by the op)."""
+    num_tokens, k = x.shape
+    n = weight.shape[0]
+    if not supported(n, k):
+        from nvfp4_ops.reference import linear_reference
+
+        return linear_reference(x, weight, weight_scale, global_scale, bias)
+    out = torch.empty((num_tokens, n), dtype=torch.bfloat16, device=x.device)
+    if num_tokens == 0:
+        return out
+    row_global = global_scale.float().reshape(-1).expand(n).reshape(1, n).contiguous()
+    grouped_w4a16_gemm(
+        x, None, weight.unsqueeze(0), weight_scale.unsqueeze(0), row_global, out,
+        epilogue="none", bias=bias, block_m=block_m_for_tokens(num_tokens),
+    )
+    return out
+
+
+def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
+    """CUDA kernel of ``nvfp4::mlp``: SwiGLU fused into the gate/up GEMM's epilogue."""
+    num_tokens, hidden = x.shape
+    inter = w13.shape[0] // 2
+    if not (supported(inter, hidden) and supported(hidden, inter) and inter % 16 == 0):
+        from nvfp4_ops.reference import mlp_reference
+
+        return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
+                             swiglu_limit)
+    out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
+    if num_tokens == 0:
+        return out
+    bm = block_m_for_tokens(num_tokens)
+    act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
+    row_global13 = w13_global.float().repeat_interleave(inter).reshape(1, 2 * inter)
+    grouped_w4a16_gemm(
+        x, None, w13.unsqueeze(0), w13_scale.unsqueeze(0), row_global13, act,
+        epilogue="swiglu", swiglu_limit=swiglu_limit, block_m=bm,
+    )
+    row_global2 = w2_global.float().reshape(-1).expand(hidden).reshape(1, hidden).contiguous()
+    grouped_w4a16_gemm(
+        act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), row_global2, out,
+        epilogue="none", block_m=bm,
+    )
+    return out
+
+
+def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> list:
+    """Every GEMM config the named model shapes can reach (shared-expert MLP, and the MoE's
+    grouped gate/up (``swiglu``) and down (``row_scale``) GEMMs), for every token tile."""
+    from nvfp4_ops.shapes import get_shape
+
+    mod = _gemm_module()
+    seen: dict[str, object] = {}
+    for name in shapes:
+        s = get_shape(name)
+        problems = [
+            (2 * s.shared_intermediate, s.hidden, "swiglu", False),
+            (s.hidden, s.shared_intermediate, "none", False),
+        ]
+        if include_moe:
+            problems += [
+                (2 * s.intermediate, s.hidden, "swiglu", True),
+                (s.hidden, s.intermediate, "row_scale", True),
+            ]
+        for n, k, epi, grouped in problems:
+            n_out = n // 2 if epi == "swiglu" else n
+            if not supported(n_out, k):
+                continue
+            for bm in _BLOCK_MS:
+                cfg = mod.choose_config(n, k, bm, epi, False, grouped)
+                seen.setdefault(cfg.name, cfg)
+    return list(seen.values())
+
+
+def run_once(cfg, device: torch.device | str = "cuda") -> None:
+    """Launch ``cfg`` once on small random data (warmup: loads the module onto the device)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = cfg.block_m + 1
+    a = torch.randn(rows, cfg.k, generator=gen).to(torch.bfloat16).to(device)
+    w = torch.randint(0, 256, (1, cfg.n, cfg.k // 2), generator=gen, dtype=torch.uint8).to(device)
+    w_scale = torch.full((1, cfg.n, cfg.k // 16), 0x38, dtype=torch.uint8, device=device)
+    w_global = torch.ones(1, cfg.n, dtype=torch.float32, device=device)
+    out = torch.empty(rows, cfg.n_out, dtype=torch.bfloat16, device=device)
+    tiles = (rows + cfg.block_m - 1) // cfg.block_m
+    tile_expert = torch.zeros(tiles, dtype=torch.int32, device=device) if cfg.grouped else None
+    row_scale = torch.ones(rows, device=device) if cfg.epilogue == "row_scale" else None
+    bias = torch.zeros(cfg.n, dtype=torch.bfloat16, device=device) if cfg.has_bias else None
+    grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=cfg.epilogue,
+                       swiglu_limit=10.0, row_scale=row_scale, bias=bias, block_m=cfg.block_m)
