@@ -1,0 +1,1 @@
+"""vLLM glue for nvfp4-ops (see :mod:`model_glue.plugin`)."""

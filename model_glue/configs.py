@@ -1,0 +1,91 @@
+"""vLLM quantization configs that hand DeepSeek-V4's NVFP4 layers to the nvfp4 ops.
+
+Both are subclasses of the config vLLM itself would pick, registered under the same name with
+vLLM's ``register_quantization_config`` (a registered name wins over the built-in one). They
+parse the checkpoint exactly as vLLM does (inherited ``from_config`` /
+``override_quantization_method``) and change only which *method* object a layer gets:
+
+* ``deepseek_v4_fp8`` (``quant_method: fp8`` + ``moe_quant_algo: NVFP4``, the official NVIDIA
+  exports): routed experts that vLLM would give ``ModelOptNvFp4FusedMoE`` get
+  :class:`~model_glue.moe.ModelOptNvFp4OpsFusedMoE`. Block-FP8 linears, MXFP4 experts (e.g.
+  layers in the export's ``ignore`` list) and everything else stay vLLM's.
+* ``modelopt_fp4`` (``quant_method: modelopt``, ``quant_algo: NVFP4`` / ``W4A16_NVFP4``): for
+  DeepSeek-V4 models only, routed experts get the same MoE method and quantized linear layers
+  get :class:`~model_glue.linear.Nvfp4OpsLinearMethod`. Excluded layers, the KV-cache method
+  and every other model family stay vLLM's.
+"""
+
+from __future__ import annotations
+
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.linear import LinearBase
+from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
+
+from model_glue.linear import Nvfp4OpsLinearMethod
+from model_glue.moe import ModelOptNvFp4OpsFusedMoE
+
+__all__ = ["DEEPSEEK_V4_MODEL_TYPES", "make_deepseek_v4_fp8_config", "Nvfp4OpsModelOptConfig"]
+
+DEEPSEEK_V4_MODEL_TYPES = ("deepseek_v4", "deepseek_v4_text", "deepseek_v41",
+                           "deepseek_v41_text")
+
+# vLLM's ModelOpt config keeps these unquantized regardless of the exclude list.
+_VISION_PREFIXES = ("vision_tower", "vision_model", "vit_large_projector")
+
+
+def _current_model_type() -> str | None:
+    from vllm.config import get_current_vllm_config_or_none
+
+    vc = get_current_vllm_config_or_none()
+    if vc is None or vc.model_config is None:
+        return None
+    return getattr(vc.model_config.hf_config, "model_type", None)
+
+
+def make_deepseek_v4_fp8_config(base: type) -> type:
+    """A subclass of vLLM's ``DeepseekV4FP8Config`` (``base``: the class vLLM selects on this
+    platform) whose NVFP4 routed experts use ``nvfp4::moe``."""
+
+    class Nvfp4OpsDeepseekV4FP8Config(base):
+        def _nvfp4_routed_experts(self, layer, prefix: str) -> bool:
+            # The same decision vLLM's config makes before it builds ModelOptNvFp4FusedMoE,
+            # asked through vLLM's own helpers.
+            if not isinstance(layer, RoutedExperts):
+                return False
+            if is_layer_skipped(prefix=prefix, ignored_layers=self.ignored_layers,
+                                fused_mapping=self.packed_modules_mapping):
+                return False
+            if self.expert_dtype != "fp4":
+                return False
+            if hasattr(self, "_is_nvfp4_expert_layer"):
+                return self._is_nvfp4_expert_layer(prefix)
+            return self.moe_quant_algo == "NVFP4"
+
+        def get_quant_method(self, layer, prefix):
+            if self._nvfp4_routed_experts(layer, prefix):
+                return ModelOptNvFp4OpsFusedMoE(quant_config=self._get_nvfp4_config(),
+                                                moe_config=layer.moe_config)
+            return super().get_quant_method(layer, prefix)
+
+    Nvfp4OpsDeepseekV4FP8Config.__qualname__ = Nvfp4OpsDeepseekV4FP8Config.__name__
+    Nvfp4OpsDeepseekV4FP8Config.__module__ = __name__
+    return Nvfp4OpsDeepseekV4FP8Config
+
+
+class Nvfp4OpsModelOptConfig(ModelOptNvFp4Config):
+    """vLLM's ModelOpt NVFP4 config; DeepSeek-V4's NVFP4 experts and linears use nvfp4 ops."""
+
+    def get_quant_method(self, layer, prefix):
+        if _current_model_type() not in DEEPSEEK_V4_MODEL_TYPES:
+            return super().get_quant_method(layer, prefix)
+        is_ours = isinstance(layer, (RoutedExperts, LinearBase))
+        # Exclusions and the vision tower are vLLM's call, asked before any method is built
+        # (vLLM's own NVFP4 methods select CUDA backends in their constructors).
+        if (not is_ours or self.is_layer_excluded(prefix)
+                or any(v in prefix for v in _VISION_PREFIXES)
+                or not self.is_checkpoint_nvfp4_serialized):
+            return super().get_quant_method(layer, prefix)
+        if isinstance(layer, RoutedExperts):
+            return ModelOptNvFp4OpsFusedMoE(quant_config=self, moe_config=layer.moe_config)
+        return Nvfp4OpsLinearMethod(prefix)

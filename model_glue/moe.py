@@ -1,0 +1,194 @@
+"""Routed experts of DeepSeek-V4 NVFP4 checkpoints on ``torch.ops.nvfp4.moe``.
+
+:class:`ModelOptNvFp4OpsFusedMoE` is a vLLM fused-MoE quant method. It keeps every parameter
+of vLLM's ``ModelOptNvFp4FusedMoE`` (names, shapes, dtypes, loader attributes), so vLLM's own
+``RoutedExperts.weight_loader`` fills them from the checkpoint unchanged:
+
+=====================  =================  ================  ===============================
+parameter              dtype              shape             after process_weights_after_...
+=====================  =================  ================  ===============================
+``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows
+``w13_weight_scale``   ``float8_e4m3fn``  ``[E, 2I, H/16]`` kept
+``w13_weight_scale_2`` ``float32``        ``[E, 2]``        kept: (gate, up), both applied
+``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept
+``w2_weight_scale``    ``float8_e4m3fn``  ``[E, H, I/16]``  kept
+``w2_weight_scale_2``  ``float32``        ``[E]``           kept
+``w13_input_scale``    ``float32``        ``[E, 2]``        freed (W4A16 needs no act scale)
+``w2_input_scale``     ``float32``        ``[E]``           freed
+=====================  =================  ================  ===============================
+
+The checkpoint layout *is* the layout ``nvfp4::moe`` takes, so post-load processing only
+validates and frees: no repacked copy is ever made (no doubled weight memory).
+
+The class name contains ``ModelOpt`` on purpose: vLLM 0.33's ``RoutedExperts.weight_loader``
+routes per-tensor ``weight_scale_2``/``input_scale`` loading by that substring.
+
+Routing stays vLLM's. vLLM's router already multiplies ``topk_weights`` by
+``routed_scaling_factor`` (``FusedMoEFactory`` hands the factor to the router unless
+``apply_routed_scale_to_output`` is set, and in that case the runner scales the output), so
+the op is called with ``output_scale=1.0`` either way.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
+
+import nvfp4_ops  # noqa: F401  (registers torch.ops.nvfp4.*)
+
+__all__ = ["ModelOptNvFp4OpsFusedMoE", "NVFP4ScaleError"]
+
+logger = init_logger(__name__)
+
+
+class NVFP4ScaleError(ValueError):
+    """A checkpoint scale that NVFP4 cannot use (zero, negative, NaN/Inf, or never loaded)."""
+
+
+def check_global_scales(where: str, name: str, scale: torch.Tensor) -> None:
+    """Raise :class:`NVFP4ScaleError` unless every entry of ``scale`` is finite and > 0."""
+    bad = ~(torch.isfinite(scale) & (scale > 0))
+    if bool(bad.any()):
+        idx = bad.nonzero()[:4].tolist()
+        vals = [scale[tuple(i)].item() for i in idx]
+        raise NVFP4ScaleError(
+            f"{where}: {name} must be finite and > 0; {int(bad.sum())} bad entries, first at "
+            f"{idx} = {vals} (NaN usually means the checkpoint has no tensor for it)"
+        )
+
+
+def check_block_scales(where: str, name: str, scale: torch.Tensor) -> None:
+    """e4m3 block scales: zero is legal (an all-zero block), NaN or negative is not."""
+    f = scale.float()
+    bad = ~(torch.isfinite(f) & (f >= 0))
+    if bool(bad.any()):
+        idx = bad.nonzero()[:4].tolist()
+        raise NVFP4ScaleError(
+            f"{where}: {name} has {int(bad.sum())} NaN/negative e4m3 block scales, first at "
+            f"{idx} (NaN usually means the checkpoint has no tensor for it)"
+        )
+
+
+class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
+    """vLLM fused-MoE method: NVFP4 (ModelOpt layout) routed experts via ``nvfp4::moe``.
+
+    Weight-only (W4A16): activations stay bf16; ``input_scale`` tensors are loaded (the
+    checkpoint has them) and then freed.
+    """
+
+    def __init__(self, quant_config, moe_config) -> None:
+        # vLLM's __init__ selects a CUDA NVFP4 backend (and fails where none fits); ours has
+        # no backend to choose, so only the base-class state and the attributes the
+        # inherited create_weights / weight loader read are set here.
+        FusedMoEMethodBase.__init__(self, moe_config)
+        self.quant_config = quant_config
+        self.use_a16 = True
+        self.per_token_activation = False
+        self.use_global_sf = False  # input scales are per local expert
+        self.nvfp4_backend = None
+        self.experts_cls = None
+        self.expert_start = 0
+        self.global_to_local: torch.Tensor | None = None
+        if not moe_config.is_act_and_mul:
+            raise NotImplementedError(
+                "nvfp4_ops MoE: only gated (SwiGLU) experts are supported, got activation "
+                f"{moe_config.activation}"
+            )
+
+    # --- what vLLM asks of a fused-MoE method -------------------------------------------
+
+    @property
+    def is_monolithic(self) -> bool:
+        return False  # vLLM routes; apply() gets topk ids/weights
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False  # EPLB's physical replicas are not mapped yet (README: known limits)
+
+    @property
+    def topk_indices_dtype(self) -> torch.dtype | None:
+        return None  # int32 or int64 both accepted by nvfp4::moe
+
+    def get_fused_moe_quant_config(self, layer) -> None:
+        return None  # no modular kernel behind this method
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
+                       params_dtype, **extra_weight_attrs):
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
+                               params_dtype, **extra_weight_attrs)
+        # NaN until loaded, so a scale the checkpoint lacks fails validation loudly instead
+        # of running with torch.empty garbage. (Dummy loading overwrites these as usual.)
+        layer.w13_weight_scale_2.data.fill_(float("nan"))
+        layer.w2_weight_scale_2.data.fill_(float("nan"))
+
+    def process_weights_after_loading(self, layer) -> None:
+        where = f"nvfp4_ops MoE {getattr(layer, 'layer_name', '')}".rstrip()
+        check_global_scales(where, "w13_weight_scale_2 (gate, up)", layer.w13_weight_scale_2)
+        check_global_scales(where, "w2_weight_scale_2", layer.w2_weight_scale_2)
+        check_block_scales(where, "w13_weight_scale", layer.w13_weight_scale)
+        check_block_scales(where, "w2_weight_scale", layer.w2_weight_scale)
+        for name in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight",
+                     "w2_weight_scale", "w2_weight_scale_2"):
+            p = getattr(layer, name)
+            if not p.data.is_contiguous():
+                p.data = p.data.contiguous()
+        # W4A16: the activation scales are never used; drop them (and their memory).
+        for name in ("w13_input_scale", "w2_input_scale"):
+            if hasattr(layer, name):
+                delattr(layer, name)
+        self._setup_expert_range(layer)
+
+    def _setup_expert_range(self, layer) -> None:
+        """EP: the op takes GLOBAL ids plus the first global id of a contiguous local range.
+
+        vLLM's linear placement gives exactly that; any other placement (round robin) is
+        served by remapping ids through ``expert_map`` (non-local ids -> an out-of-range
+        local id, which contributes 0) on each call.
+        """
+        expert_map = layer.expert_map
+        num_local = layer.w13_weight.shape[0]
+        self.expert_start, self.global_to_local = 0, None
+        if expert_map is None:
+            return
+        emap = expert_map.cpu()
+        local_globals = (emap >= 0).nonzero().flatten()
+        if local_globals.numel() != num_local:
+            raise RuntimeError(
+                f"nvfp4_ops MoE: expert_map owns {local_globals.numel()} experts, the layer "
+                f"holds {num_local}"
+            )
+        start = int(local_globals[0]) if num_local else 0
+        contiguous = torch.equal(emap[local_globals], local_globals - start) and (
+            num_local == 0 or int(local_globals[-1]) - start + 1 == num_local
+        )
+        if contiguous:
+            self.expert_start = start
+        else:
+            table = torch.where(emap >= 0, emap, torch.full_like(emap, num_local))
+            self.global_to_local = table.to(device=layer.w13_weight.device, dtype=torch.int32)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        # Shared experts: with no modular kernel here, vLLM's runner runs them itself.
+        ids, start, num_global = topk_ids, self.expert_start, layer.global_num_experts
+        if self.global_to_local is not None:
+            ids, start, num_global = self.global_to_local[topk_ids.long()], 0, -1
+        return torch.ops.nvfp4.moe(
+            x,
+            ids,
+            topk_weights.float(),
+            layer.w13_weight,
+            layer.w13_weight_scale,
+            layer.w13_weight_scale_2,
+            layer.w2_weight,
+            layer.w2_weight_scale,
+            layer.w2_weight_scale_2,
+            start,
+            num_global,
+            None if layer.swiglu_limit is None else float(layer.swiglu_limit),
+            1.0,
+        )
+
+    def apply_monolithic(self, layer, x, router_logits, input_ids=None):
+        raise NotImplementedError("nvfp4_ops MoE is not monolithic")
