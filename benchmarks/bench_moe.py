@@ -1,0 +1,320 @@
+"""Benchmark ``nvfp4::moe`` (whole op: routing prep through combine) on one GPU.
+
+Side by side in the same run, for each shape and token count ``T``:
+
+* **ours**: ``nvfp4_ops.moe`` with NVFP4 weights;
+* **bf16**: the same MoE with bf16 weights and ``torch._grouped_mm`` (routing by ``argsort``,
+  gather, grouped GEMM 1, clamped SwiGLU, grouped GEMM 2, router weight, ``index_add_``
+  combine) on the same routing.
+
+Timing: each variant is captured once in a CUDA graph; every measured replay is preceded by an
+untimed L2 flush (a 256 MB write) and timed with CUDA events; we report the median.
+Routing is uniform random top-k (distinct experts per token).
+
+Reported per row:
+
+* ``us``: median device time of one whole MoE call.
+* ``TB/s``: effective weight bandwidth = ``D * B_e / t`` with ``D`` the experts this routing
+  touches and ``B_e = 3 H I * 0.5625`` bytes (NVFP4 codes + e4m3 block scales of one expert);
+  the same byte count is used for the bf16 baseline (so it is comparable, not its real
+  traffic).
+* ``TFLOP/s``: ``6 T k H I / t``.
+* ``%roof``: ``t_roof / t`` with ``t_roof = max(D B_e / 4.1 TB/s, 6 T k H I / 790 TFLOP/s)``
+  (REFERENCE.md section 5: H200 copy bandwidth and bf16 dense peak).
+* ``speedup``: ``t_bf16 / t_ours``.
+
+Run: ``python benchmarks/bench_moe.py --shapes v4-flash v4-pro --check``; JSON lands in
+``benchmarks/results/moe_<gpu>_<stamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import nvfp4_ops
+from nvfp4_ops.shapes import MoEShape, get_shape
+from nvfp4_ops.testing import random_routing, rel_l2
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HBM_TBPS = 4.1
+PEAK_TFLOPS = 790.0
+DEFAULT_TOKENS = (1, 8, 32, 128, 512, 4096, 16384)
+CHECK_TOKENS = (1, 128, 4096)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    shape: MoEShape
+    num_tokens: int
+    reps: int
+    warm_reps: int = 3
+
+
+@dataclass
+class Row:
+    shape: str
+    T: int
+    experts_touched: int
+    ours_us: float
+    bf16_us: float | None
+    speedup: float | None
+    ours_tbps: float
+    ours_tflops: float
+    ours_pct_roofline: float
+    bf16_tbps: float | None
+    roofline_us: float
+    block_m: int
+
+
+def fast_random_experts(shape: MoEShape, device: str) -> tuple[torch.Tensor, ...]:
+    """Random NVFP4 expert tensors (valid codes, finite e4m3 scales) without quantizing:
+    random bytes for the codes, scales drawn from [0.25, 1.5], globals ~ 1/sqrt(K)/4."""
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    gen = torch.Generator(device=device).manual_seed(1234)
+
+    def scales(*size):
+        return (torch.rand(*size, device=device, generator=gen) * 1.25 + 0.25).to(
+            torch.float8_e4m3fn)
+
+    w13 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, device=device,
+                        generator=gen)
+    w13_scale = scales(e, 2 * i, h // 16)
+    w13_global = (torch.rand(e, 2, device=device, generator=gen) + 0.5) / (4 * math.sqrt(h))
+    w2 = torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, device=device, generator=gen)
+    w2_scale = scales(e, h, i // 16)
+    w2_global = (torch.rand(e, device=device, generator=gen) + 0.5) / (4 * math.sqrt(i))
+    return w13, w13_scale, w13_global, w2, w2_scale, w2_global
+
+
+class Bf16GroupedMoE:
+    """The bf16 baseline: bf16 weights (random, same sizes), ``torch._grouped_mm``."""
+
+    def __init__(self, shape: MoEShape, device: str) -> None:
+        e, h, i = shape.experts, shape.hidden, shape.intermediate
+        gen = torch.Generator(device=device).manual_seed(99)
+        # [E, N, K] contiguous, passed transposed ([E, K, N], K-major) as _grouped_mm wants.
+        # Filled a few experts at a time: an fp32 randn of all V4-Pro experts would be 67 GB.
+        self.w13 = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device=device)
+        self.w2 = torch.empty(e, h, i, dtype=torch.bfloat16, device=device)
+        for e0 in range(0, e, 16):
+            e1 = min(e, e0 + 16)
+            self.w13[e0:e1] = torch.randn(e1 - e0, 2 * i, h, device=device,
+                                          generator=gen) / math.sqrt(h)
+            self.w2[e0:e1] = torch.randn(e1 - e0, h, i, device=device,
+                                         generator=gen) / math.sqrt(i)
+        self.num_experts = e
+        self.inter = i
+        self.limit = shape.swiglu_limit
+
+    def __call__(self, hidden, topk_ids, topk_weights):
+        num_tokens, top_k = topk_ids.shape
+        flat = topk_ids.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(self.num_experts, dtype=torch.int32, device=hidden.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        token = order // top_k
+        x = hidden.index_select(0, token)
+        gate_up = torch._grouped_mm(x, self.w13.transpose(1, 2), offs=offs)
+        gate = gate_up[:, :self.inter].float().clamp(max=self.limit)
+        up = gate_up[:, self.inter:].float().clamp(-self.limit, self.limit)
+        act = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+        y = torch._grouped_mm(act, self.w2.transpose(1, 2), offs=offs)
+        y = y.float() * topk_weights.reshape(-1)[order].unsqueeze(1)
+        out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        out.index_add_(0, token, y)
+        return out.to(torch.bfloat16)
+
+
+def time_graph(fn, reps: int, warm_reps: int, flush: torch.Tensor) -> float:
+    """Median µs of ``fn`` replayed from a CUDA graph, L2 flushed before every timed replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warm_reps):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.fill_(1)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return statistics.median(times)
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    for dist in ("triton", "nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    if out["triton"] == "unknown":
+        import triton
+
+        out["triton"] = triton.__version__
+    if out["nvidia-cutlass-dsl"] == "unknown":
+        try:
+            import cutlass
+
+            out["nvidia-cutlass-dsl"] = getattr(cutlass, "__version__", "unknown")
+        except ImportError:
+            pass
+    out["cuda"] = torch.version.cuda or "none"
+    return out
+
+
+def check(shape: MoEShape, experts, tokens, device: str) -> list[dict]:
+    """Ours vs the reference on the benchmark's own weights and routing."""
+    from nvfp4_ops.reference import moe_reference
+
+    results = []
+    for num_tokens in tokens:
+        torch.manual_seed(num_tokens)
+        hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
+        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
+        args = (hidden, ids, weights, *experts)
+        got = nvfp4_ops.moe(*args, swiglu_limit=shape.swiglu_limit, output_scale=1.5)
+        want = moe_reference(*args, 0, shape.swiglu_limit, 1.5)
+        err = rel_l2(got, want)
+        ok = err < 4e-3 and not bool(got.isnan().any())
+        results.append({"shape": shape.name, "T": num_tokens, "rel_l2": err, "ok": ok})
+        print(f"check {shape.name:9s} T={num_tokens:6d} rel_l2={err:.2e} {'ok' if ok else 'FAIL'}",
+              flush=True)
+    return results
+
+
+def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bool,
+                device: str) -> tuple[list[Row], list[dict]]:
+    from nvfp4_ops.kernels import moe_cuda
+
+    t0 = time.time()
+    experts = fast_random_experts(shape, device)
+    base = Bf16GroupedMoE(shape, device) if baseline else None
+    torch.cuda.synchronize()
+    print(f"{shape.name}: weights ready in {time.time() - t0:.1f} s", flush=True)
+    t0 = time.time()
+    from nvfp4_ops import _compile
+
+    _compile.warmup([shape.name])  # grouped-GEMM variants: compile (or load) + run once
+    moe_cuda.warmup_triton(shape.hidden, shape.top_k, device)
+    print(f"{shape.name}: warmup {time.time() - t0:.1f} s", flush=True)
+    checks = check(shape, experts, CHECK_TOKENS, device) if do_check else []
+    if do_check and not all(c["ok"] for c in checks):
+        raise SystemExit(f"{shape.name}: --check failed: {checks}")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    bytes_per_expert = shape.bytes_per_expert
+    rows = []
+    for num_tokens in tokens:
+        cfg = BenchConfig(shape, num_tokens, reps)
+        torch.manual_seed(7 + num_tokens)
+        hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
+        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
+        touched = int(torch.unique(ids).numel())
+        flops = 6.0 * num_tokens * shape.top_k * shape.hidden * shape.intermediate
+        moved = touched * bytes_per_expert
+        roof_us = max(moved / (HBM_TBPS * 1e12), flops / (PEAK_TFLOPS * 1e12)) * 1e6
+
+        def ours(hidden=hidden, ids=ids, weights=weights):
+            return nvfp4_ops.moe(hidden, ids, weights, *experts,
+                                 swiglu_limit=shape.swiglu_limit, output_scale=1.0)
+
+        def bf16(hidden=hidden, ids=ids, weights=weights):
+            return base(hidden, ids, weights)
+
+        ours_us = time_graph(ours, cfg.reps, cfg.warm_reps, flush)
+        bf16_us = None
+        if base is not None:
+            bf16_us = time_graph(bf16, cfg.reps, cfg.warm_reps, flush)
+        row = Row(
+            shape=shape.name, T=num_tokens, experts_touched=touched,
+            ours_us=ours_us, bf16_us=bf16_us,
+            speedup=bf16_us / ours_us if bf16_us else None,
+            ours_tbps=moved / (ours_us * 1e-6) / 1e12,
+            ours_tflops=flops / (ours_us * 1e-6) / 1e12,
+            ours_pct_roofline=100.0 * roof_us / ours_us,
+            bf16_tbps=moved / (bf16_us * 1e-6) / 1e12 if bf16_us else None,
+            roofline_us=roof_us,
+            block_m=moe_cuda.choose_block_m(num_tokens * shape.top_k, shape.experts),
+        )
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows, checks
+
+
+HEADER = (f"{'shape':9s} {'T':>6s} {'D':>4s} {'bm':>3s} {'ours us':>9s} {'bf16 us':>9s} "
+          f"{'speedup':>7s} {'TB/s':>6s} {'TFLOP/s':>8s} {'%roof':>6s} {'roof us':>8s}")
+
+
+def format_row(r: Row) -> str:
+    bf = f"{r.bf16_us:9.1f}" if r.bf16_us else f"{'-':>9s}"
+    sp = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7s}"
+    return (f"{r.shape:9s} {r.T:6d} {r.experts_touched:4d} {r.block_m:3d} {r.ours_us:9.1f} "
+            f"{bf} {sp} {r.ours_tbps:6.2f} {r.ours_tflops:8.1f} {r.ours_pct_roofline:5.1f}% "
+            f"{r.roofline_us:8.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["v4-flash"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(DEFAULT_TOKENS))
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--check", action="store_true", help="verify against the reference first")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_moe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = "cuda"
+    print(f"nvfp4::moe runs: {nvfp4_ops.kernels.describe('moe', device)}", flush=True)
+    print(HEADER, flush=True)
+    all_rows, all_checks = [], []
+    for name in args.shapes:
+        rows, checks = bench_shape(get_shape(name), args.tokens, args.reps, args.check,
+                                   not args.no_baseline, device)
+        all_rows += rows
+        all_checks += checks
+        torch.cuda.empty_cache()  # this shape's weights are gone; give the next one room
+    gpu = torch.cuda.get_device_name()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or RESULTS / f"moe_{gpu.replace(' ', '_')}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "gpu": gpu, "versions": versions(), "utc": stamp,
+        "method": "CUDA-graph replay, L2 flushed before each replay, median of reps",
+        "reps": args.reps, "implementation": nvfp4_ops.kernels.describe("moe", device),
+        "roofline": {"hbm_tbps": HBM_TBPS, "peak_tflops": PEAK_TFLOPS},
+        "checks": all_checks, "rows": [dataclasses.asdict(r) for r in all_rows],
+    }
+    out.write_text(json.dumps(payload, indent=1))
+    print(f"\n{HEADER}")
+    for r in all_rows:
+        print(format_row(r))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
