@@ -144,7 +144,7 @@ def _cuda_graph_row(block, x, ids, weights, eager, ref, impl, args) -> Row:
                    "skipped: the GPU reference syncs with the host, not capturable")
     _log("nvfp4::moe in a CUDA graph ...")
     static = [t.clone() for t in (x, ids, weights)]
-    nvfp4_ops.warmup(block.shape, tokens=[x.shape[0]])  # compile + run every variant first
+    nvfp4_ops.warmup([block.shape.name])  # compile + run every variant before capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
