@@ -1,0 +1,267 @@
+"""``nvfp4::moe`` on the GPU (the CUDA path of ``nvfp4_ops.kernels.moe_cuda``) against the
+reference: V4-Flash and tiny shapes, skew, empty experts, EP, CUDA graphs with new routing,
+torch.compile with a dynamic T, opcheck, bad inputs.
+
+Every test runs the real CUDA path: the module fixture makes ``CUDA_KERNELS["moe"]`` point at
+``moe_cuda`` (a no-op once it is registered there) and checks that the op dispatches to it, so
+no test can silently pass on the GPU reference fallback.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nvfp4_ops
+from nvfp4_ops import kernels
+from nvfp4_ops.reference import moe_reference
+from nvfp4_ops.testing import random_experts, random_routing, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+MOE_KERNEL = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
+FLASH = nvfp4_ops.get_shape("v4-flash")
+TINY = nvfp4_ops.get_shape("tiny")
+TOKENS = (1, 2, 7, 64, 199, 1024, 4096)
+# Per-slot bf16 rounding of the weighted expert outputs before the fp32 combine gives ~2.5e-3
+# relative L2 against the reference (which keeps them fp32); fp32 order adds ~1e-6.
+REL_L2 = 4e-3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_moe_kernel():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    saved = kernels.CUDA_KERNELS.get("moe")
+    kernels.CUDA_KERNELS["moe"] = MOE_KERNEL
+    from nvfp4_ops.kernels import moe_cuda
+
+    assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda
+    yield
+    if saved is None:
+        kernels.CUDA_KERNELS.pop("moe")
+    else:
+        kernels.CUDA_KERNELS["moe"] = saved
+
+
+def _experts(shape, seed):
+    torch.manual_seed(seed)
+    return random_experts(shape.experts, shape.hidden, shape.intermediate, device="cuda",
+                          up_scale_ratio=2.5)
+
+
+@pytest.fixture(scope="module")
+def flash():
+    return _experts(FLASH, 0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _experts(TINY, 1)
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Fill the caching allocator's free blocks with NaN so that buffers the op allocates
+    next start as NaN: a row the kernels forget to write shows up as NaN in the output."""
+    junk = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    del junk
+
+
+def _hidden(num_tokens, hidden_size):
+    return torch.randn(num_tokens, hidden_size, device="cuda").to(torch.bfloat16)
+
+
+def _check(got, want, what):
+    assert got.shape == want.shape and got.dtype == torch.bfloat16, what
+    assert not got.isnan().any(), f"{what}: NaN in output"
+    err = rel_l2(got, want)
+    assert err < REL_L2, f"{what}: relative L2 {err:.2e}"
+    tol = 0.02 * want.float().abs().max().item() + 1e-3
+    max_err = (got.float() - want.float()).abs().max().item()
+    assert max_err < tol, f"{what}: max abs error {max_err:.3e} (tolerance {tol:.3e})"
+
+
+def _run(shape, experts, hidden, ids, weights, expert_start=0, output_scale=1.5):
+    args = (hidden, ids, weights, *experts.args())
+    kw = dict(expert_start=expert_start, swiglu_limit=shape.swiglu_limit,
+              output_scale=output_scale)
+    _poison_allocator(8 * (hidden.shape[0] * shape.top_k + 64 * shape.experts)
+                      * (shape.hidden + shape.intermediate) + 2**20)
+    got = nvfp4_ops.moe(*args, **kw)
+    want = moe_reference(*args, expert_start, shape.swiglu_limit, output_scale)
+    return got, want
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+def test_flash_matches_reference(flash, num_tokens):
+    torch.manual_seed(10 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    got, want = _run(FLASH, flash, hidden, ids, weights)
+    _check(got, want, f"v4-flash T={num_tokens}")
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_tiny_matches_reference(tiny, num_tokens, id_dtype):
+    torch.manual_seed(20 + num_tokens)
+    hidden = _hidden(num_tokens, TINY.hidden)
+    ids, weights = random_routing(num_tokens, TINY.experts, TINY.top_k, device="cuda",
+                                  dtype=id_dtype)
+    got, want = _run(TINY, tiny, hidden, ids, weights)
+    _check(got, want, f"tiny T={num_tokens} {id_dtype}")
+
+
+def test_skew_all_slots_to_one_expert(flash):
+    torch.manual_seed(30)
+    num_tokens = 199
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids = torch.full((num_tokens, FLASH.top_k), 77, dtype=torch.int32, device="cuda")
+    weights = torch.rand(num_tokens, FLASH.top_k, device="cuda")
+    got, want = _run(FLASH, flash, hidden, ids, weights)
+    _check(got, want, "all 1194 slots to expert 77")
+
+
+def test_skew_first_choice_shared_and_empty_experts(flash):
+    torch.manual_seed(31)
+    num_tokens = 1024
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    # every token: expert 5 first, the rest among 7 experts -> 248 experts get no token
+    ids = torch.stack([torch.randperm(7, device="cuda")[:5] + 10 for _ in range(num_tokens)])
+    ids = torch.cat([torch.full((num_tokens, 1), 5, device="cuda"), ids], 1).to(torch.int32)
+    weights = torch.rand(num_tokens, FLASH.top_k, device="cuda")
+    got, want = _run(FLASH, flash, hidden, ids, weights)
+    _check(got, want, "skewed + empty experts")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 199])
+def test_expert_parallel_mixed_ids(tiny, num_tokens):
+    """Local experts [16, 32) of 64 global: non-local slots contribute nothing; a token whose
+    experts are all remote gets exactly 0."""
+    torch.manual_seed(40 + num_tokens)
+    start = 16
+    hidden = _hidden(num_tokens, TINY.hidden)
+    ids, weights = random_routing(num_tokens, 64, TINY.top_k, device="cuda")
+    ids[0] = torch.tensor([0, 1, 2, 40, 50, 63], device="cuda", dtype=ids.dtype)
+    got, want = _run(TINY, tiny, hidden, ids, weights, expert_start=start)
+    assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
+    _check(got, want, f"EP start={start} T={num_tokens}")
+    # the same call with global_num_experts given: ids stay in range, result unchanged
+    again = nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), expert_start=start,
+                          global_num_experts=64, swiglu_limit=TINY.swiglu_limit,
+                          output_scale=1.5)
+    assert torch.equal(again, got)
+
+
+def test_deterministic(flash):
+    """Rows inside an expert segment are placed by atomics; the output must not care."""
+    torch.manual_seed(50)
+    hidden = _hidden(199, FLASH.hidden)
+    ids, weights = random_routing(199, FLASH.experts, FLASH.top_k, device="cuda")
+    outs = [nvfp4_ops.moe(hidden, ids, weights, *flash.args(), swiglu_limit=10.0)
+            for _ in range(3)]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("shape_name", ["tiny", "v4-flash"])
+def test_cuda_graph_replay_with_new_routing(tiny, flash, shape_name):
+    shape, experts = (TINY, tiny) if shape_name == "tiny" else (FLASH, flash)
+    from nvfp4_ops.kernels import moe_cuda
+
+    nvfp4_ops.warmup([shape_name])
+    moe_cuda.warmup_triton(shape.hidden, shape.top_k)
+    num_tokens = 37
+    torch.manual_seed(60)
+    hidden = _hidden(num_tokens, shape.hidden)
+    ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device="cuda")
+
+    def call():
+        return nvfp4_ops.moe(hidden, ids, weights, *experts.args(),
+                             swiglu_limit=shape.swiglu_limit, output_scale=1.5)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # eager run on the capture stream's allocator path
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    previous = None
+    for step in range(3):
+        new_ids, new_weights = random_routing(num_tokens, shape.experts, shape.top_k,
+                                              device="cuda")
+        if step == 2:  # a skewed routing: everything to two experts
+            new_ids[:, :] = torch.tensor([3, 4] * (shape.top_k // 2), device="cuda",
+                                         dtype=new_ids.dtype)
+        hidden.copy_(_hidden(num_tokens, shape.hidden))
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+        eager = call()
+        assert torch.equal(static_out, eager), f"replay {step} != eager"
+        if previous is not None:
+            assert not torch.equal(static_out, previous), "replay output did not change"
+        previous = static_out.clone()
+        want = moe_reference(hidden, ids, weights, *experts.args(), 0, shape.swiglu_limit, 1.5)
+        _check(static_out, want, f"graph replay {step}")
+
+
+def test_torch_compile_fullgraph_dynamic_tokens(tiny):
+    torch._dynamo.reset()
+
+    def layer(hidden, ids, weights):
+        return nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), swiglu_limit=10.0,
+                             output_scale=1.5)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for num_tokens in (5, 37, 1, 130):
+        torch.manual_seed(70 + num_tokens)
+        hidden = _hidden(num_tokens, TINY.hidden)
+        ids, weights = random_routing(num_tokens, TINY.experts, TINY.top_k, device="cuda")
+        for t in (hidden, ids, weights):
+            torch._dynamo.mark_dynamic(t, 0)
+        assert torch.equal(compiled(hidden, ids, weights), layer(hidden, ids, weights)), (
+            f"T={num_tokens}")
+
+
+def test_opcheck_cuda(tiny):
+    torch.manual_seed(80)
+    hidden = _hidden(9, TINY.hidden)
+    ids, weights = random_routing(9, TINY.experts, TINY.top_k, device="cuda")
+    args = (hidden, ids, weights, *tiny.args(), 0, -1, 10.0, 1.5)
+    torch.library.opcheck(torch.ops.nvfp4.moe.default, args)
+
+
+def test_zero_tokens(tiny):
+    hidden = torch.empty(0, TINY.hidden, dtype=torch.bfloat16, device="cuda")
+    ids = torch.empty(0, TINY.top_k, dtype=torch.int32, device="cuda")
+    weights = torch.empty(0, TINY.top_k, device="cuda")
+    out = nvfp4_ops.moe(hidden, ids, weights, *tiny.args())
+    assert out.shape == (0, TINY.hidden) and out.dtype == torch.bfloat16
+
+
+def test_bad_inputs_raise_before_launch(tiny):
+    torch.manual_seed(90)
+    hidden = _hidden(4, TINY.hidden)
+    ids, weights = random_routing(4, TINY.experts, TINY.top_k, device="cuda")
+    w = tiny.args()
+    bad_ids = ids.clone()
+    bad_ids[1, 2] = TINY.experts  # out of the global range
+    cases = {
+        "id out of range": ((hidden, bad_ids, weights, *w),
+                            dict(global_num_experts=TINY.experts)),
+        "negative id": ((hidden, -ids, weights, *w), {}),
+        "fp16 hidden": ((hidden.half(), ids, weights, *w), {}),
+        "bf16 weights": ((hidden, ids, weights.bfloat16(), *w), {}),
+        "float ids": ((hidden, ids.float(), weights, *w), {}),
+        "T mismatch": ((hidden[:3], ids, weights, *w), {}),
+        "weights on cpu": ((hidden, ids, weights, w[0].cpu(), *w[1:]), {}),
+        "w13_global shape": ((hidden, ids, weights, *w[:2], w[2][:, :1].contiguous(), *w[3:]),
+                             {}),
+    }
+    for what, (args, kw) in cases.items():
+        with pytest.raises(nvfp4_ops.NVFP4InputError):
+            nvfp4_ops.moe(*args, **kw)
+            pytest.fail(f"no error for {what}")
+        torch.cuda.synchronize()  # and the device is still fine
