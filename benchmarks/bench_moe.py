@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_moe: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = "cuda"
+    if "moe" not in nvfp4_ops.kernels.CUDA_KERNELS:  # this benchmark measures the CUDA path
+        nvfp4_ops.kernels.CUDA_KERNELS["moe"] = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
     print(f"nvfp4::moe runs: {nvfp4_ops.kernels.describe('moe', device)}", flush=True)
     print(HEADER, flush=True)
     all_rows, all_checks = [], []
