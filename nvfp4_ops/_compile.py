@@ -95,11 +95,12 @@ def _host_cpu() -> str:
     return f"{platform.machine()}|{model}"
 
 
-def fingerprint_inputs() -> dict[str, str]:
+def fingerprint_inputs(package_root: Path | None = None) -> dict[str, str]:
     """What the cache folder name hashes (exposed for tests and debugging)."""
+    root = _PACKAGE_ROOT if package_root is None else Path(package_root)
     src = hashlib.sha256()
-    for path in sorted(_PACKAGE_ROOT.rglob("*.py")):
-        src.update(str(path.relative_to(_PACKAGE_ROOT)).encode())
+    for path in sorted(root.rglob("*.py")):
+        src.update(str(path.relative_to(root)).encode())
         src.update(path.read_bytes())
     return {
         "sources": src.hexdigest(),
@@ -293,6 +294,14 @@ def warmup(
         names.append(cfg.name)
         if progress is not None:
             progress(f"[{i + 1}/{len(variants)}] {cfg.name}{' (ran)' if run else ''}")
+    if run and include_moe:
+        # the MoE's Triton routing/gather/combine kernels (nvfp4_ops.kernels.moe_cuda)
+        from nvfp4_ops.kernels import moe_cuda
+        from nvfp4_ops.shapes import get_shape
+
+        for shape in dict.fromkeys(shapes):
+            s = get_shape(shape)
+            names += moe_cuda.warmup_triton(s.hidden, s.top_k)
     if run:
         torch.cuda.synchronize()
     mark_warm(True)

@@ -1,0 +1,164 @@
+"""Benchmark ``nvfp4::linear`` (CuTeDSL W4A16 GEMM) against ``torch.matmul`` in bf16.
+
+Timing: each op is captured ``reps`` times into one CUDA graph, cycling over ``sets`` weight
+sets (cold L2: the 50 MB L2 of an H200 cannot hold the rotation), the graph is replayed
+``iters`` times and the median replay / reps is reported, in microseconds per call.
+
+Reported per (M, N, K):
+* ``us``: median device time per call;
+* ``TB/s``: effective bandwidth over the weight bytes only, ``0.5625 * N * K`` (4-bit codes +
+  one e4m3 scale per 16) for NVFP4 and ``2 * N * K`` for bf16;
+* ``TFLOP/s`` = ``2 M N K / t``; ``%roof`` = ``t_floor / t`` with
+  ``t_floor = max(bytes / 4.1 TB/s, 2 M N K / 790 TFLOP/s)`` (measured H200 copy bandwidth and
+  bf16 matmul rate, ../shared/REFERENCE.md section 4) using the NVFP4 byte count;
+* ``speedup`` = bf16 time / NVFP4 time.
+
+Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192] [--out FILE]``
+(needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_<gpu>.json`` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import nvfp4_ops
+from nvfp4_ops.reference import linear_fp32
+
+BW_TBS = 4.1
+PEAK_TFLOPS = 790.0
+NKS = [(7168, 18432), (18432, 7168), (4096, 4096), (1536, 4096)]
+
+
+@dataclass(frozen=True)
+class Row:
+    m: int
+    n: int
+    k: int
+    nvfp4_us: float
+    bf16_us: float
+    nvfp4_tbs: float
+    bf16_tbs: float
+    nvfp4_tflops: float
+    bf16_tflops: float
+    pct_roofline: float
+    speedup: float
+
+
+def time_graph(make_call, sets: int, reps: int, iters: int) -> float:
+    calls = [make_call(i % sets) for i in range(reps)]
+    for c in calls[:sets]:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def bench_one(m: int, n: int, k: int, check: bool) -> Row:
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    fp4_bytes = 0.5625 * n * k
+    sets = max(2, min(8, int(200e6 // fp4_bytes) + 1))
+    bsets = max(2, min(8, int(200e6 // (2 * n * k)) + 1))
+    ws = []
+    for _ in range(sets):
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+        s = (torch.rand(n, k // 16, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
+        ws.append((w, s, torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    if check:
+        w, s, g = ws[0]
+        ref = linear_fp32(x, w, s, g)
+        out = nvfp4_ops.linear(x, w, s, g).float()
+        err = ((out - ref).norm() / ref.norm()).item()
+        assert err < 3e-3, f"check failed at M={m} N={n} K={k}: rel L2 {err}"
+    bws = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(bsets)]
+    outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+
+    def make_fp4(i):
+        w, s, g = ws[i]
+        return lambda: nvfp4_ops.linear(x, w, s, g)
+
+    def make_bf16(i):
+        wt = bws[i % bsets]
+        return lambda: torch.matmul(x, wt.t(), out=outs[i % 2])
+
+    reps = 20 if m <= 1024 else 5
+    t4 = time_graph(make_fp4, sets, reps, 30)
+    t16 = time_graph(make_bf16, bsets, reps, 30)
+    flops = 2.0 * m * n * k
+    floor_us = max(fp4_bytes / (BW_TBS * 1e12), flops / (PEAK_TFLOPS * 1e12)) * 1e6
+    return Row(
+        m, n, k, round(t4, 2), round(t16, 2),
+        round(fp4_bytes / t4 / 1e6, 3), round(2 * n * k / t16 / 1e6, 3),
+        round(flops / t4 / 1e6, 1), round(flops / t16 / 1e6, 1),
+        round(100 * floor_us / t4, 1), round(t16 / t4, 2),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ms", default="1,16,128,1024,8192")
+    p.add_argument("--nks", default=",".join(f"{n}x{k}" for n, k in NKS))
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    ms = [int(v) for v in args.ms.split(",")]
+    nks = [tuple(int(v) for v in s.split("x")) for s in args.nks.split(",")]
+    rows = []
+    for n, k in nks:
+        for m in ms:
+            r = bench_one(m, n, k, args.check)
+            rows.append(r)
+            print(f"M={m:5d} N={n:5d} K={k:5d}  nvfp4 {r.nvfp4_us:9.2f} us  bf16 "
+                  f"{r.bf16_us:9.2f} us  x{r.speedup:5.2f}  {r.nvfp4_tbs:5.2f} TB/s  "
+                  f"{r.nvfp4_tflops:6.1f} TF/s  roof {r.pct_roofline:5.1f}%", flush=True)
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    for mod in ("triton", "cutlass", "tvm_ffi"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001 - record why
+            meta[mod] = f"unavailable: {exc}"
+    import importlib.metadata as md
+
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            meta[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            meta[dist] = "not installed as a dist (carried toolchain)"
+    out = Path(args.out) if args.out else (
+        Path(__file__).parent / "results" / "linear_h200.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    print(f"\n{'M':>5} {'N':>5} {'K':>5} | {'nvfp4 us':>9} {'bf16 us':>9} {'speedup':>7} | "
+          f"{'TB/s':>5} {'TF/s':>6} {'%roof':>5}")
+    for r in rows:
+        print(f"{r.m:5d} {r.n:5d} {r.k:5d} | {r.nvfp4_us:9.2f} {r.bf16_us:9.2f} "
+              f"{r.speedup:7.2f} | {r.nvfp4_tbs:5.2f} {r.nvfp4_tflops:6.1f} {r.pct_roofline:5.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""CI: every CuTeDSL kernel variant that ``precompile --shape v4-flash|v4-pro`` can reach
+compiles for sm_90a on a CPU-only machine (no driver queries), and exports to an object file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+pytest.importorskip("cutlass")
+
+from nvfp4_ops.kernels import linear_cuda  # noqa: E402
+from nvfp4_ops.kernels.cute import w4a16_gemm  # noqa: E402
+
+VARIANTS = linear_cuda.variants_for_shapes(["v4-flash", "v4-pro"], include_moe=True)
+
+
+def test_variant_set_covers_every_block_m_and_epilogue():
+    names = {c.name for c in VARIANTS}
+    assert len(names) == len(VARIANTS) == 32
+    for s_name in ("v4-flash", "v4-pro"):
+        from nvfp4_ops import get_shape
+
+        s = get_shape(s_name)
+        for bm in w4a16_gemm.BLOCK_MS:
+            for n, k, epi, grouped in [
+                (2 * s.shared_intermediate, s.hidden, "swiglu", False),
+                (s.hidden, s.shared_intermediate, "none", False),
+                (2 * s.intermediate, s.hidden, "swiglu", True),
+                (s.hidden, s.intermediate, "row_scale", True),
+            ]:
+                assert w4a16_gemm.choose_config(n, k, bm, epi, False, grouped).name in names
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)
+def test_variant_compiles_for_sm90a(cfg, tmp_path):
+    compiled = w4a16_gemm.compile_gemm(cfg)
+    path = tmp_path / f"{cfg.name}.o"
+    compiled.export_to_c(str(path), function_name=cfg.name)
+    assert path.stat().st_size > 1000
+
+
+def test_linear_test_shapes_compile():
+    """The dense shapes the GPU tests and benchmark use (one per token tile class)."""
+    for n, k in [(4096, 4096), (7168, 18432), (18432, 7168), (1536, 4096)]:
+        for bm in (8, 64):
+            w4a16_gemm.compile_gemm(w4a16_gemm.choose_config(n, k, bm, "none", bm == 8))
+
+
+def test_bad_configs_rejected():
+    with pytest.raises(ValueError):
+        w4a16_gemm.GemmConfig(4096, 4000)  # K % 128
+    with pytest.raises(ValueError):
+        w4a16_gemm.GemmConfig(4096, 4096, block_m=24)
+    with pytest.raises(ValueError):
+        w4a16_gemm.GemmConfig(4096, 4096, epilogue="swiglu", has_bias=True)

@@ -1,0 +1,218 @@
+"""GPU tests of the CuTeDSL W4A16 GEMM behind ``nvfp4::linear`` / ``nvfp4::mlp`` (H100/H200).
+
+Error bound: the kernel is exact up to fp32 summation order, so its relative L2 error against
+the exact fp32 reference (``linear_fp32``) must be what rounding that reference to bf16 alone
+gives (``err_round``), plus fp32-accumulation noise (1e-5 relative). NaN-poisoned outputs make
+unwritten rows fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import nvfp4_ops
+from nvfp4_ops.reference import linear_fp32, mlp_reference
+
+pytestmark = pytest.mark.gpu
+
+MS = [1, 7, 16, 64, 199, 1024, 8192]
+NKS = [(4096, 4096), (7168, 18432), (18432, 7168), (1536, 4096)]
+
+
+def random_nvfp4(n: int, k: int, gen: torch.Generator, per_row_global: bool = True):
+    """Random codes, random positive e4m3 block scales (normals and subnormals), fp32 globals."""
+    dev = "cuda"
+    weight = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev, generator=gen)
+    sc = torch.rand(n, k // 16, device=dev, generator=gen) * 3.0 + 2.0**-9
+    weight_scale = sc.to(torch.float8_e4m3fn)
+    if per_row_global:
+        global_scale = torch.rand(n, device=dev, generator=gen) * 0.01 + 1e-3
+    else:
+        global_scale = torch.rand((), device=dev, generator=gen) * 0.01 + 1e-3
+    return weight, weight_scale, global_scale
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten rows?)"
+    ref = ref.float()
+    out = out.float()
+    norm = ref.norm().clamp_min(1e-30)
+    err = (out - ref).norm() / norm
+    err_round = (ref.to(torch.bfloat16).float() - ref).norm() / norm
+    assert err <= err_round * 1.05 + 1e-5, f"{what}: rel L2 {err:.3e} vs rounding {err_round:.3e}"
+    # elementwise: within 1 bf16 ulp of the reference (plus fp32 accumulation noise)
+    tol = ref.abs() * 2.0**-7 + ref.abs().max() * 1e-5
+    bad = ((out - ref).abs() > tol).sum().item()
+    assert bad == 0, f"{what}: {bad} elements beyond 1 bf16 ulp; max abs {(out - ref).abs().max()}"
+
+
+@pytest.mark.parametrize("n,k", NKS)
+def test_linear_vs_reference(n, k):
+    gen = torch.Generator(device="cuda").manual_seed(n * 31 + k)
+    weight, weight_scale, gscale = random_nvfp4(n, k, gen, per_row_global=(n != 4096))
+    for m in MS:
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = linear_fp32(x, weight, weight_scale, gscale)
+        out = nvfp4_ops.linear(x, weight, weight_scale, gscale)
+        check_close(out, ref, f"linear M={m} N={n} K={k}")
+
+
+def test_linear_bias_and_unsupported_fallback():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for n, k in [(4096, 4096), (48, 96)]:  # second: K % 128 != 0 -> exact reference path
+        weight, weight_scale, gscale = random_nvfp4(n, k, gen)
+        bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+        for m in (1, 19, 77):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            ref = linear_fp32(x, weight, weight_scale, gscale) + bias.float()
+            out = nvfp4_ops.linear(x, weight, weight_scale, gscale, bias)
+            check_close(out, ref, f"linear+bias M={m} N={n} K={k}")
+
+
+def test_grouped_gemm_poisoned_and_skipped_tiles():
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    groups, n, k, bm = 3, 512, 1024, 16
+    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
+    w = torch.stack([t[0] for t in ws])
+    w_scale = torch.stack([t[1] for t in ws])
+    w_global = torch.stack([t[2] for t in ws])
+    tile_expert = torch.tensor([2, -1, 0, 0, 1, -1], dtype=torch.int32, device="cuda")
+    rows = tile_expert.numel() * bm - 5
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    row_scale = torch.rand(rows, device="cuda", generator=gen)
+    for epilogue in ("none", "row_scale", "swiglu"):
+        n_out = n // 2 if epilogue == "swiglu" else n
+        out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
+                           swiglu_limit=7.0, row_scale=row_scale, block_m=bm)
+        for t, e in enumerate(tile_expert.tolist()):
+            sl = slice(t * bm, min((t + 1) * bm, rows))
+            if e < 0:
+                assert torch.isnan(out[sl]).all(), f"{epilogue}: skipped tile {t} was written"
+                continue
+            ref = linear_fp32(a[sl], w[e], w_scale[e], w_global[e])
+            if epilogue == "row_scale":
+                ref = ref * row_scale[sl, None]
+            if epilogue == "swiglu":
+                from nvfp4_ops.reference.mlp import clamped_swiglu
+
+                ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
+                out_t = out[sl].float()
+                err = (out_t - ref).norm() / ref.norm()
+                assert not torch.isnan(out_t).any() and err < 4e-3, f"swiglu tile {t}: {err}"
+            else:
+                check_close(out[sl], ref, f"grouped {epilogue} tile {t}")
+
+
+@pytest.mark.parametrize("shape", ["v4-flash", "v4-pro"])
+def test_mlp_vs_reference(shape):
+    s = nvfp4_ops.get_shape(shape)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    h, i = s.hidden, s.shared_intermediate
+    w13, w13_scale, _ = random_nvfp4(2 * i, h, gen)
+    w13_global = torch.rand(2, device="cuda", generator=gen) * 0.02 + 1e-3
+    w2, w2_scale, w2_global = random_nvfp4(h, i, gen, per_row_global=False)
+    for m in (1, 7, 64, 199, 1024):
+        x = torch.randn(m, h, device="cuda", generator=gen).to(torch.bfloat16)
+        args = (x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, s.swiglu_limit)
+        ref = mlp_reference(*args).float()
+        out = torch.ops.nvfp4.mlp(*args)
+        assert not torch.isnan(out).any()
+        err = (out.float() - ref).norm() / ref.norm()
+        # one bf16 rounding of the activation + output: a few 1e-3 (fp32 exp vs torch silu)
+        assert err < 4e-3, f"mlp {shape} M={m}: rel L2 {err:.3e}"
+
+
+def test_cuda_graph_replay_new_inputs():
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    n, k = 7168, 4096
+    weight, weight_scale, gscale = random_nvfp4(n, k, gen)
+    for m in (1, 16, 199):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        nvfp4_ops.linear(x, weight, weight_scale, gscale)  # compile/load outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = nvfp4_ops.linear(x, weight, weight_scale, gscale)
+        for _ in range(3):
+            x.copy_(torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16))
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager = nvfp4_ops.linear(x, weight, weight_scale, gscale)
+            assert torch.equal(y, eager), f"graph replay differs from eager at M={m}"
+
+
+def test_torch_compile_fullgraph_dynamic():
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    n, k = 1536, 4096
+    weight, weight_scale, gscale = random_nvfp4(n, k, gen)
+
+    def f(x):
+        return torch.ops.nvfp4.linear(x, weight, weight_scale, gscale, None) * 2
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True)
+    for m in (3, 17, 200):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(cf(x), f(x))
+
+
+def test_opcheck_cuda():
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    weight, weight_scale, gscale = random_nvfp4(256, 512, gen)
+    x = torch.randn(5, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    # block scales as raw bytes: torch's schema checker cannot compare fp8 CUDA tensors
+    u8 = torch.uint8
+    torch.library.opcheck(torch.ops.nvfp4.linear.default,
+                          (x, weight, weight_scale.view(u8), gscale, None))
+    s = nvfp4_ops.get_shape("tiny")
+    w13, w13_scale, _ = random_nvfp4(2 * s.shared_intermediate, s.hidden, gen)
+    w2, w2_scale, w2_global = random_nvfp4(s.hidden, s.shared_intermediate, gen, False)
+    w13_global = torch.rand(2, device="cuda", generator=gen) + 0.1
+    xh = torch.randn(3, s.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    torch.library.opcheck(
+        torch.ops.nvfp4.mlp.default,
+        (xh, w13, w13_scale.view(u8), w13_global, w2, w2_scale.view(u8), w2_global, 10.0),
+    )
+
+
+def test_cold_process_warm_disk_cache_no_compile(tmp_path):
+    """Process 1 warms the 'tiny' shape into a fresh disk cache; process 2 (guard on) warms up
+    from disk and runs the MLP: zero compiles."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, nvfp4_ops
+        from nvfp4_ops import _compile
+        nvfp4_ops.warmup(["tiny"])
+        s = nvfp4_ops.get_shape("tiny")
+        h, i = s.hidden, s.shared_intermediate
+        x = torch.randn(5, h, device="cuda").to(torch.bfloat16)
+        w13 = torch.randint(0, 256, (2 * i, h // 2), dtype=torch.uint8, device="cuda")
+        w13s = torch.ones(2 * i, h // 16, device="cuda").to(torch.float8_e4m3fn)
+        w2 = torch.randint(0, 256, (h, i // 2), dtype=torch.uint8, device="cuda")
+        w2s = torch.ones(h, i // 16, device="cuda").to(torch.float8_e4m3fn)
+        g2 = torch.ones(2, device="cuda"); g1 = torch.ones((), device="cuda")
+        nvfp4_ops.mlp(x, w13, w13s, g2, w2, w2s, g1, 10.0)
+        torch.cuda.synchronize()
+        print("COMPILES", _compile.compile_count())
+        """
+    )
+    env = dict(os.environ, NVFP4_OPS_CACHE_DIR=str(tmp_path), NVFP4_OPS_DISK_CACHE="1")
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "COMPILES 0" not in first.stdout  # it really compiled into the empty cache
+    env["NVFP4_OPS_NO_COMPILE_AFTER_WARMUP"] = "1"
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "COMPILES 0" in second.stdout, second.stdout
