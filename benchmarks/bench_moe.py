@@ -263,6 +263,61 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
     return rows, checks
 
 
+def sweep_and_breakdown(shape: MoEShape, tokens, reps: int, device: str) -> list[dict]:
+    """Diagnostics: the whole op at every ``block_m`` and the time of each stage at the chosen
+    one (routing+gather, scale expansion, GEMM 1, GEMM 2, combine), each from its own graph."""
+    experts = fast_random_experts(shape, device)
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    out = []
+    for num_tokens in tokens:
+        line = _diagnose(shape, experts, num_tokens, reps, flush, device)
+        print(json.dumps(line), flush=True)
+        out.append(line)
+    return out
+
+
+def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch.Tensor,
+              device: str) -> dict:
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    from nvfp4_ops.kernels.triton import moe_combine, moe_routing
+
+    w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
+    gemm = linear_cuda.grouped_w4a16_gemm
+    num_experts, top_k, inter, hidden_size = (shape.experts, shape.top_k, shape.intermediate,
+                                              shape.hidden)
+    torch.manual_seed(7 + num_tokens)
+    hidden = torch.randn(num_tokens, hidden_size, device=device).to(torch.bfloat16)
+    ids, weights = random_routing(num_tokens, num_experts, top_k, device=device)
+    whole = {}
+    for bm in moe_cuda.BLOCK_MS:
+        def run(bm=bm):
+            return moe_cuda.moe_forward(hidden, ids, weights, *experts, 0, shape.swiglu_limit,
+                                        1.0, gemm=gemm, block_m=bm)
+        whole[bm] = time_graph(run, reps, 2, flush)
+    bm = moe_cuda.choose_block_m(num_tokens * top_k, num_experts)
+    routing = moe_routing.moe_routing(ids, num_experts, 0, bm)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing)
+    g13, g2 = moe_cuda._row_globals(w13_global, w2_global, inter, hidden_size)
+    act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=device)
+    y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=device)
+    stages = {
+        "routing+gather": lambda: moe_routing.gather_rows(
+            hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm)),
+        "scale expansion": lambda: moe_cuda._row_globals(w13_global, w2_global, inter,
+                                                         hidden_size),
+        "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
+                                     epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
+                                     row_scale=None, bias=None, block_m=bm),
+        "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
+                                        epilogue="row_scale", swiglu_limit=None,
+                                        row_scale=row_scale, bias=None, block_m=bm),
+        "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
+    }
+    stage_us = {name: time_graph(fn, reps, 2, flush) for name, fn in stages.items()}
+    return {"shape": shape.name, "T": num_tokens, "chosen_block_m": bm,
+            "whole_us_by_block_m": whole, "stage_us": stage_us}
+
+
 HEADER = (f"{'shape':9s} {'T':>6s} {'D':>4s} {'bm':>3s} {'ours us':>9s} {'bf16 us':>9s} "
           f"{'speedup':>7s} {'TB/s':>6s} {'TFLOP/s':>8s} {'%roof':>6s} {'roof us':>8s}")
 
@@ -283,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="verify against the reference first")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="diagnostics only: whole op per block_m and per-stage times")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe: needs a CUDA GPU", file=sys.stderr)
@@ -291,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     if "moe" not in nvfp4_ops.kernels.CUDA_KERNELS:  # this benchmark measures the CUDA path
         nvfp4_ops.kernels.CUDA_KERNELS["moe"] = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
     print(f"nvfp4::moe runs: {nvfp4_ops.kernels.describe('moe', device)}", flush=True)
+    if args.sweep:
+        lines = []
+        for name in args.shapes:
+            lines += sweep_and_breakdown(get_shape(name), args.tokens, args.reps, device)
+        if args.out:
+            args.out.write_text(json.dumps(lines, indent=1))
+        return 0
     print(HEADER, flush=True)
     all_rows, all_checks = [], []
     for name in args.shapes:
