@@ -25,6 +25,16 @@ def kernels(request):
     return request.param, moe_routing, moe_combine
 
 
+@pytest.fixture(params=["fused", "multi"])
+def routing_path(request, monkeypatch):
+    """Run a routing test through the one-CTA kernel and through the four-launch path."""
+    from nvfp4_ops.kernels.triton import moe_routing
+
+    if request.param == "multi":
+        monkeypatch.setattr(moe_routing, "FUSED_MAX_SLOTS", -1)
+    return request.param
+
+
 def reference_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                       block_m: int):
     """Python loops: per local expert its slots in order, padded to block_m."""
@@ -100,7 +110,7 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_routing_matches_loops(case, dtype, kernels):
+def test_routing_matches_loops(case, dtype, kernels, routing_path):
     _, num_tokens, top_k, num_experts, start, (low, high), block_m = case
     device, routing_mod, _ = kernels
     g = torch.Generator().manual_seed(hash(case[0]) % 2**31)
@@ -109,7 +119,7 @@ def test_routing_matches_loops(case, dtype, kernels):
     check_routing(routing, ids, num_experts, start, block_m, routing_mod)
 
 
-def test_routing_skew_all_to_one_expert(kernels):
+def test_routing_skew_all_to_one_expert(kernels, routing_path):
     device, routing_mod, _ = kernels
     num_tokens, top_k, num_experts, block_m = 45, 1, 32, 16
     ids = torch.full((num_tokens, top_k), 7, dtype=torch.int32, device=device)
@@ -119,7 +129,7 @@ def test_routing_skew_all_to_one_expert(kernels):
     assert offsets[7] == 0 and offsets[8] == 48 and offsets[-1] == 48
 
 
-def test_routing_repeated_ids_in_one_row(kernels):
+def test_routing_repeated_ids_in_one_row(kernels, routing_path):
     """Routers never repeat an expert within a row, but the kernels must not care."""
     device, routing_mod, _ = kernels
     g = torch.Generator().manual_seed(3)
@@ -128,7 +138,7 @@ def test_routing_repeated_ids_in_one_row(kernels):
     check_routing(routing, ids, 4, 0, 8, routing_mod)
 
 
-def test_routing_zero_tokens(kernels):
+def test_routing_zero_tokens(kernels, routing_path):
     device, routing_mod, _ = kernels
     ids = torch.empty(0, 6, dtype=torch.int32, device=device)
     routing = routing_mod.moe_routing(ids, 16, 0, 8)

@@ -21,7 +21,8 @@ token count up to a multiple of ``block_m`` (nothing is ever dropped, there is n
 Every grid size comes from ``N``, ``E``, ``P`` and ``H`` alone, so the launches can be
 captured in a CUDA graph and replayed with new routing.
 
-Four launches, none reads a device value on the host:
+Four launches (one fused single-CTA kernel when ``N <= FUSED_MAX_SLOTS``), none reads a device
+value on the host:
 
 1. ``counts`` (zeroed by the caller) += 1 per local slot (int32 atomics: the totals are
    exact and deterministic).
@@ -61,6 +62,9 @@ _FILL_BLOCK = 1024
 #: the scan holds one lane per expert; a fixed width keeps one compiled variant for every local
 #: expert count up to this (V4-Pro has 384 routed experts), whatever the EP split.
 MAX_EXPERTS = 512
+#: up to this many slots (T*k) the whole routing runs in one CTA, one launch instead of four
+#: (a memset and three kernels); decode latency is dominated by launches, not work.
+FUSED_MAX_SLOTS = 4096
 
 
 def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
@@ -83,22 +87,18 @@ class MoERouting(NamedTuple):
 def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start, num_experts,
                   BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_range = offs < num_slots
-    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
-    local = ids - expert_start
-    is_local = in_range & (local >= 0) & (local < num_experts)
-    local32 = tl.where(is_local, local, 0).to(tl.int32)
-    tl.atomic_add(counts_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
+    _count(topk_ids_ptr, counts_ptr, offs, num_slots, expert_start, num_experts)
 
 
-@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
-def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-                 num_slots, num_rows, num_tiles, num_experts,
-                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                 SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
+@triton.jit
+def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
+          num_slots, num_rows, num_tiles, num_experts,
+          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
+          FILL_BLOCK: tl.constexpr):
     e = tl.arange(0, E_PAD)
     is_expert = e < num_experts
-    counts = tl.load(counts_ptr + e, mask=is_expert, other=0)
+    # volatile: in the fused kernel the counts were just produced by atomics (L2) in this CTA
+    counts = tl.load(counts_ptr + e, mask=is_expert, other=0, volatile=True)
     padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
@@ -121,18 +121,70 @@ def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, so
         tl.store(sorted_slots_ptr + rows, sentinel, mask=rows < num_rows)
 
 
-@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
-def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
-                  expert_start, num_experts, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit
+def _count(topk_ids_ptr, counts_ptr, offs, num_slots, expert_start, num_experts):
     in_range = offs < num_slots
     ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
     local = ids - expert_start
     is_local = in_range & (local >= 0) & (local < num_experts)
     local32 = tl.where(is_local, local, 0).to(tl.int32)
-    row = tl.atomic_add(cursor_ptr + local32, tl.full([BLOCK], 1, tl.int32), mask=is_local)
+    tl.atomic_add(counts_ptr + local32, tl.where(is_local, 1, 0).to(tl.int32), mask=is_local)
+
+
+@triton.jit
+def _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, offs, num_slots,
+           expert_start, num_experts):
+    in_range = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int64)
+    local = ids - expert_start
+    is_local = in_range & (local >= 0) & (local < num_experts)
+    local32 = tl.where(is_local, local, 0).to(tl.int32)
+    row = tl.atomic_add(cursor_ptr + local32, tl.where(is_local, 1, 0).to(tl.int32),
+                        mask=is_local)
     tl.store(sorted_slots_ptr + row, offs.to(tl.int32), mask=is_local)
     tl.store(slot_row_ptr + offs, tl.where(is_local, row, -1), mask=in_range)
+
+
+@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
+def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
+                 num_slots, num_rows, num_tiles, num_experts,
+                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                 SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
+    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
+          num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M, SCAN_TILES, FILL_BLOCK)
+
+
+@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts", "num_rows",
+                               "num_tiles"])
+def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_expert_ptr,
+                          sorted_slots_ptr, slot_row_ptr, num_slots, expert_start, num_experts,
+                          num_rows, num_tiles,
+                          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
+                          FILL_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """All of the routing in one CTA (small N: decode): zero counts, count, scan, place, with
+    CTA barriers between the phases (a barrier orders this CTA's global accesses)."""
+    counts_ptr = scratch_ptr
+    cursor_ptr = scratch_ptr + E_PAD
+    tl.store(counts_ptr + tl.arange(0, E_PAD), tl.zeros([E_PAD], dtype=tl.int32))
+    tl.debug_barrier()
+    for s0 in range(0, num_slots, BLOCK):
+        _count(topk_ids_ptr, counts_ptr, s0 + tl.arange(0, BLOCK), num_slots, expert_start,
+               num_experts)
+    tl.debug_barrier()
+    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
+          num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M, SCAN_TILES, FILL_BLOCK)
+    tl.debug_barrier()
+    for s0 in range(0, num_slots, BLOCK):
+        _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr,
+               s0 + tl.arange(0, BLOCK), num_slots, expert_start, num_experts)
+
+
+@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
+def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
+                  expert_start, num_experts, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, offs, num_slots,
+           expert_start, num_experts)
 
 
 @triton.jit(do_not_specialize=["num_slots"])
@@ -178,16 +230,24 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     num_rows = padded_rows(num_slots, num_experts, block_m)
     num_tiles = num_rows // block_m
     ids = topk_ids.reshape(-1)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
     expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     tile_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
     sorted_slots = torch.empty(num_rows, dtype=torch.int32, device=device)
     slot_row = torch.empty(num_slots, dtype=torch.int32, device=device)
+    e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
+    if num_slots <= FUSED_MAX_SLOTS:
+        scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=device)
+        _fused_routing_kernel[(1,)](ids, scratch, expert_offsets, tile_expert, sorted_slots,
+                                    slot_row, num_slots, expert_start, num_experts, num_rows,
+                                    num_tiles, E_PAD=e_pad, BLOCK_M=block_m,
+                                    SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK,
+                                    BLOCK=_COUNT_BLOCK, num_warps=8)
+        return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
     _count_kernel[slot_grid](ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
-    e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
     _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, sorted_slots,
                        num_slots, num_rows, num_tiles, num_experts,
                        E_PAD=e_pad, BLOCK_M=block_m,
