@@ -33,7 +33,7 @@ import re
 
 __all__ = ["HF_TO_NATIVE", "hf_to_native", "with_hf_names"]
 
-_L = r"^model\.layers\.(\d+)\."  # HF layer prefix -> group 1 is the layer index
+_L = r"^model\.layers\.(\d+|\*)\."  # HF layer prefix; group 1: layer index (or "*" in lists)
 _MLP_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _COMPRESSOR_LEAF = (
     (r"kv_proj\.", "wkv."),

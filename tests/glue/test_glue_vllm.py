@@ -1,0 +1,286 @@
+"""The glue inside the real vLLM 0.33 (CPU): config selection, weight loading, ffn forward.
+
+For each quant family (``fp8`` + NVFP4 experts, ``modelopt`` NVFP4) and each naming style
+(DeepSeek native, HF), one synthetic checkpoint is written to disk and run through vLLM's own
+code: ``EngineArgs(...).create_engine_config()`` parses it and picks the quantization config,
+vLLM builds ``DeepseekV4ForCausalLM`` (world size 1, gloo), reads the safetensors file with
+its own iterator and loads it with the model's ``load_weights`` (its mapper,
+``AutoWeightsLoader``, expert mapping and parameter loaders), then runs its
+``process_weights_after_loading`` and each layer's ``ffn`` forward. Only CUDA-only kernels
+are replaced (``cpu_standins``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+
+import cpu_standins
+import pytest
+import torch
+from dsv4_ckpt import EXPERTS, HIDDEN, LAYERS, MOE_INTER, VOCAB, Checkpoint
+
+vllm = pytest.importorskip("vllm")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(vllm.__version__ != cpu_standins.VLLM_VERSION,
+                       reason=f"CPU stand-ins are pinned to vLLM {cpu_standins.VLLM_VERSION}"),
+]
+
+CASES = [("fp8", "native"), ("fp8", "hf"), ("modelopt", "native"), ("modelopt", "hf")]
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu():
+    """Stand-ins, the glue (NVFP4_OPS_VLLM=1) and one world-size-1 gloo process group."""
+    mp = pytest.MonkeyPatch()
+    cpu_standins.install(mp)
+    mp.setenv("NVFP4_OPS_VLLM", "1")
+    from model_glue import plugin
+
+    assert plugin.register(), "glue did not install with NVFP4_OPS_VLLM=1"
+    yield
+    mp.undo()
+
+
+_dist_ready = False
+
+
+def _init_dist_once():
+    global _dist_ready
+    if _dist_ready:
+        return
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                 backend="gloo")
+    initialize_model_parallel(1, 1)
+    _dist_ready = True
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+def engine(request, vllm_cpu, tmp_path_factory):
+    """(case, ckpt, tensors on disk, vllm_config, model, loaded names, params before pwal)."""
+    family, naming = request.param
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    ckpt = Checkpoint(family, seed=1000 + CASES.index(request.param))
+    directory = str(tmp_path_factory.mktemp(f"dsv4-{family}-{naming}"))
+    tensors = ckpt.write(directory, naming)
+    vc = EngineArgs(model=directory, skip_tokenizer_init=True, enforce_eager=True,
+                    max_model_len=256, dtype="bfloat16",
+                    compilation_config={"custom_ops": ["none"]}).create_engine_config()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(set_current_vllm_config(vc))
+        _init_dist_once()
+        with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
+            model = initialize_model(vllm_config=vc)
+        files = [os.path.join(directory, "model.safetensors")]
+        loaded = model.load_weights(safetensors_weights_iterator(files, False))
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if ".ffn." in n}
+        yield dict(family=family, naming=naming, ckpt=ckpt, tensors=tensors, vc=vc,
+                   model=model, loaded=loaded, before=before, stack=stack)
+
+
+def _layer(model, layer):
+    return model.model.layers[layer].ffn
+
+
+def _routed(model, layer):
+    return _layer(model, layer).experts.routed_experts
+
+
+def test_vllm_selects_our_methods(engine):
+    from model_glue.linear import Nvfp4OpsLinearMethod
+    from model_glue.moe import ModelOptNvFp4OpsFusedMoE
+
+    qc = type(engine["vc"].quant_config)
+    assert qc.__module__ == "model_glue.configs"
+    assert engine["vc"].quant_config.get_name() == {"fp8": "deepseek_v4_fp8",
+                                                    "modelopt": "modelopt_fp4"}[engine["family"]]
+    for layer in range(LAYERS):
+        assert type(_routed(engine["model"], layer).quant_method) is ModelOptNvFp4OpsFusedMoE
+        shared = _layer(engine["model"], layer).shared_experts
+        shared_methods = {type(shared.gate_up_proj.quant_method).__name__,
+                          type(shared.down_proj.quant_method).__name__}
+        if engine["family"] == "modelopt":
+            assert shared_methods == {Nvfp4OpsLinearMethod.__name__}
+        else:  # the official exports keep shared experts block-FP8: vLLM's method
+            assert shared_methods == {"Fp8LinearMethod"}
+    # the attention is vLLM's in both families (block-FP8 / excluded)
+    attn_method = type(engine["model"].model.layers[0].attn.fused_wqa_wkv.quant_method).__name__
+    assert attn_method in ("Fp8LinearMethod", "UnquantizedLinearMethod")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32) \
+        if t.element_size() == 4 else t.view(torch.int16)
+
+
+def test_weights_load_bit_exact(engine):
+    """Every checkpoint tensor of the ffn lands, bit for bit, where vLLM's method expects it."""
+    ckpt, before = engine["ckpt"], engine["before"]
+    mismatches = []
+
+    def same(name, got, want):
+        if got.shape != want.shape or not torch.equal(_bits(got.contiguous()),
+                                                      _bits(want.contiguous())):
+            mismatches.append(name)
+
+    for layer, entry in enumerate(ckpt.layers):
+        pre = f"model.layers.{layer}.ffn"
+        same(f"{pre}.gate.weight", before[f"{pre}.gate.weight"], entry["gate"])
+        if "tid2eid" in entry:
+            same(f"{pre}.gate.tid2eid", before[f"{pre}.gate.tid2eid"], entry["tid2eid"])
+        else:
+            same(f"{pre}.gate.e_score_correction_bias",
+                 before[f"{pre}.gate.e_score_correction_bias"], entry["bias"])
+        rx = f"{pre}.experts.routed_experts"
+        for e, ex in enumerate(entry["experts"]):
+            same(f"{rx}.w13_weight[{e}]", before[f"{rx}.w13_weight"][e],
+                 torch.cat([ex["w1"].weight, ex["w3"].weight]))
+            same(f"{rx}.w13_weight_scale[{e}]", before[f"{rx}.w13_weight_scale"][e],
+                 torch.cat([ex["w1"].weight_scale, ex["w3"].weight_scale]))
+            same(f"{rx}.w13_weight_scale_2[{e}]", before[f"{rx}.w13_weight_scale_2"][e],
+                 torch.stack([ex["w1"].weight_scale_2, ex["w3"].weight_scale_2]))
+            same(f"{rx}.w2_weight[{e}]", before[f"{rx}.w2_weight"][e], ex["w2"].weight)
+            same(f"{rx}.w2_weight_scale[{e}]", before[f"{rx}.w2_weight_scale"][e],
+                 ex["w2"].weight_scale)
+            same(f"{rx}.w2_weight_scale_2[{e}]", before[f"{rx}.w2_weight_scale_2"][e],
+                 ex["w2"].weight_scale_2)
+        sh = f"{pre}.shared_experts"
+        s = entry["shared"]
+        if engine["family"] == "fp8":
+            same(f"{sh}.gate_up_proj.weight", before[f"{sh}.gate_up_proj.weight"],
+                 torch.cat([s["w1"][0], s["w3"][0]]))
+            same(f"{sh}.down_proj.weight", before[f"{sh}.down_proj.weight"], s["w2"][0])
+        else:
+            same(f"{sh}.gate_up_proj.weight", before[f"{sh}.gate_up_proj.weight"],
+                 torch.cat([s["w1"].weight, s["w3"].weight]))
+            same(f"{sh}.gate_up_proj.weight_scale_2",
+                 before[f"{sh}.gate_up_proj.weight_scale_2"],
+                 torch.stack([s["w1"].weight_scale_2, s["w3"].weight_scale_2]))
+            same(f"{sh}.down_proj.weight_scale", before[f"{sh}.down_proj.weight_scale"],
+                 s["w2"].weight_scale)
+    assert not mismatches, f"{len(mismatches)} tensors differ: {mismatches[:8]}"
+
+
+def test_every_checkpoint_key_is_loaded(engine):
+    """vLLM reports every ffn parameter loaded, and none stays at its NaN sentinel."""
+    ffn_params = {n for n, _ in engine["model"].named_parameters() if ".ffn." in n}
+    missing = ffn_params - set(engine["loaded"])
+    assert not missing, sorted(missing)[:8]
+    for n, p in engine["before"].items():
+        if p.is_floating_point():
+            assert not torch.isnan(p.float()).any(), f"{n} never loaded (NaN sentinel)"
+
+
+@pytest.fixture(scope="module")
+def processed(engine):
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    process_weights_after_loading(engine["model"], engine["vc"].model_config,
+                                  torch.device("cpu"))
+    return engine
+
+
+def test_after_processing_both_w13_scales_kept_and_input_scales_freed(processed):
+    ckpt = processed["ckpt"]
+    for layer in range(LAYERS):
+        rx = _routed(processed["model"], layer)
+        want = torch.stack([torch.stack([ex["w1"].weight_scale_2, ex["w3"].weight_scale_2])
+                            for ex in ckpt.layers[layer]["experts"]])
+        assert torch.equal(rx.w13_weight_scale_2, want)
+        ratio = rx.w13_weight_scale_2[:, 1] / rx.w13_weight_scale_2[:, 0]
+        assert torch.equal(ratio, torch.full_like(ratio, 4.0))
+        assert not hasattr(rx, "w13_input_scale") and not hasattr(rx, "w2_input_scale")
+        # no repacked copy: the weights the op reads are the loaded parameters themselves
+        assert rx.w13_weight.shape == (EXPERTS, 2 * MOE_INTER, HIDDEN // 2)
+        if processed["family"] == "modelopt":
+            gu = _layer(processed["model"], layer).shared_experts.gate_up_proj
+            s = ckpt.layers[layer]["shared"]
+            want_rows = torch.cat([s["w1"].weight_scale_2.expand(MOE_INTER),
+                                   s["w3"].weight_scale_2.expand(MOE_INTER)])
+            assert torch.equal(gu.weight_global, want_rows)
+            assert not hasattr(gu, "weight_scale_2") and not hasattr(gu, "input_scale")
+
+
+def _inputs(ckpt, layer, seed):
+    """bf16 hidden states whose biased top-k has a clear margin (no near-ties to flip)."""
+    gen = torch.Generator().manual_seed(seed)
+    xs, ids = [], []
+    while sum(len(x) for x in xs) < TOKENS:
+        x = torch.randn(64, HIDDEN, generator=gen).to(torch.bfloat16)
+        tok = torch.randint(0, VOCAB, (64,), generator=gen)
+        _, _, margin = ckpt.route(layer, x, tok)
+        keep = margin > 0.02
+        xs.append(x[keep])
+        ids.append(tok[keep])
+    return torch.cat(xs)[:TOKENS], torch.cat(ids)[:TOKENS]
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("layer", range(LAYERS))
+def test_ffn_forward_matches_independent_reference(processed, layer):
+    """The layer's full ffn (vLLM router + shared experts + our routed experts) against an
+    fp32 reference computed from the checkpoint tensors alone."""
+    from vllm.forward_context import set_forward_context
+
+    ckpt, model, vc = processed["ckpt"], processed["model"], processed["vc"]
+    x, tok = _inputs(ckpt, layer, seed=100 + layer)
+    ids, w, _ = ckpt.route(layer, x, tok)
+    want = ckpt.routed_reference(layer, x, ids, w) + ckpt.shared_reference(layer, x)
+    stock = ckpt.routed_reference(layer, x, ids, w, gate_scale_for_up=True) \
+        + ckpt.shared_reference(layer, x)
+    with set_forward_context(None, vc), torch.no_grad():
+        got = _layer(model, layer)(x.clone(), tok)
+    assert got.dtype == torch.bfloat16 and got.shape == (TOKENS, HIDDEN)
+    assert torch.isfinite(got).all()
+    err = _rel(got, want)
+    # bf16 activations between the projections (vLLM's shared MLP, our SwiGLU output) bound
+    # this; the gate-scale-for-both-halves answer is far outside it.
+    assert err < 1.5e-2, err
+    assert _rel(stock, want) > 20 * 1.5e-2
+
+
+def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
+    exp = torch.floor(torch.log2(t.abs().clamp(min=2.0**-100)))
+    return torch.exp2(exp - 7)
+
+
+@pytest.mark.parametrize("layer", range(LAYERS))
+def test_routed_experts_exact_vs_reference(processed, layer):
+    """vLLM's RoutedExperts.forward_modular -> our apply -> nvfp4::moe, given the reference's
+    routing: within one bf16 ulp of the fp32 reference that rounds where the numerics contract
+    rounds (SwiGLU output and final output, once each) -- i.e. exact up to fp32 summation
+    order. Both w13 global scales are applied (the up scale is 4x the gate's here)."""
+    ckpt, model = processed["ckpt"], processed["model"]
+    x, tok = _inputs(ckpt, layer, seed=200 + layer)
+    ids, w, _ = ckpt.route(layer, x, tok)
+    out = torch.full((TOKENS, HIDDEN), float("nan"), dtype=torch.bfloat16)
+    with torch.no_grad():
+        out.copy_(_routed(model, layer).forward_modular(x, w.float(), ids.to(torch.int32)))
+    want = ckpt.routed_reference(layer, x, ids, w, bf16_activation=True)
+    diff = (out.float() - want).abs()
+    # fp32 order can flip the bf16 rounding of an intermediate SwiGLU value; such a flip
+    # moves an output by ~|w2| * ulp(h), far below 0.4% of the output range.
+    over = diff > _bf16_ulp(want) + 4e-3 * want.abs().max()
+    beyond_ulp = int((diff > _bf16_ulp(want)).sum())
+    assert not over.any() and beyond_ulp <= diff.numel() // 1000, (
+        f"{int(over.sum())} outputs beyond tolerance, {beyond_ulp} of {diff.numel()} beyond "
+        f"1 bf16 ulp; max abs diff {diff.max():.3e}, rel L2 {_rel(out, want):.2e}")
+    rel = _rel(out, want.to(torch.bfloat16))
+    assert rel < 1e-3, rel  # vs the reference rounded to bf16 once
