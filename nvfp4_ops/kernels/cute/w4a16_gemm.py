@@ -84,6 +84,7 @@ class GemmConfig:
     block_m: int = 16
     warps_n: int = 1
     warps_k: int = 8
+    row_groups: int = 1
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -93,8 +94,8 @@ class GemmConfig:
             raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
         if self.has_bias and self.epilogue != "none":
             raise ValueError("bias is only supported with the 'none' epilogue")
-        if self.n_out % (16 * self.warps_n) != 0:
-            raise ValueError(f"N_out={self.n_out} must be a multiple of {16 * self.warps_n}")
+        if self.n_out % self.rows_per_cta != 0:
+            raise ValueError(f"N_out={self.n_out} must be a multiple of {self.rows_per_cta}")
         if self.k % (128 * self.warps_k) != 0:
             raise ValueError(f"K={self.k} must be a multiple of {128 * self.warps_k}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
@@ -105,11 +106,16 @@ class GemmConfig:
         return self.n // 2 if self.epilogue == "swiglu" else self.n
 
     @property
+    def rows_per_cta(self) -> int:
+        """Output rows (features) per CTA: 16 per MMA row group, ``row_groups`` per warp."""
+        return 16 * self.row_groups * self.warps_n
+
+    @property
     def name(self) -> str:
         return (
             f"w4a16_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
             f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_wn{self.warps_n}"
-            f"_wk{self.warps_k}_{self.arch}"
+            f"_wk{self.warps_k}_rg{self.row_groups}_{self.arch}"
         )
 
 
@@ -134,14 +140,19 @@ def choose_config(
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     if block_m >= 64:
-        warps_n = 4 if n_out % 64 == 0 else (2 if n_out % 32 == 0 else 1)
-        warps_k = 1
+        # prefill: x fragments are reused across row groups in registers (fewer L1 reads)
+        warps_n, warps_k, row_groups = 4, 1, (1 if epilogue == "swiglu" else 2)
     else:
-        warps_n = 1
-        warps_k = 8
+        # decode: two row groups per warp (each x load feeds both, and twice the weight bytes
+        # in flight), K split over 8 warps
+        warps_n, warps_k, row_groups = 1, 8, 2
         while (k // 128) % warps_k != 0:
             warps_k //= 2
-    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k)
+    while row_groups > 1 and n_out % (16 * row_groups * warps_n) != 0:
+        row_groups //= 2
+    while warps_n > 1 and n_out % (16 * row_groups * warps_n) != 0:
+        warps_n //= 2
+    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k, row_groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +287,8 @@ class W4A16GroupedGemm:
     def __init__(self, cfg: GemmConfig) -> None:
         self.cfg = cfg
         self.num_tiles = cfg.block_m // 8  # MMA columns per warp
-        self.num_row_sets = 2 if cfg.epilogue == "swiglu" else 1
+        self.num_halves = 2 if cfg.epilogue == "swiglu" else 1  # gate (+ up) row sets
+        self.num_row_sets = self.num_halves * cfg.row_groups  # 16-row A operands per warp
         self.num_warps = cfg.warps_n * cfg.warps_k
         self.acc_len = 4 * self.num_tiles * self.num_row_sets
         self.k_iters = cfg.k // (128 * cfg.warps_k)
@@ -299,7 +311,7 @@ class W4A16GroupedGemm:
     ):
         cfg = self.cfg
         num_rows = a.shape[0]
-        grid_n = cfg.n_out // (16 * cfg.warps_n)
+        grid_n = cfg.n_out // cfg.rows_per_cta
         grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
         kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
                              swiglu_limit)
@@ -347,20 +359,23 @@ class W4A16GroupedGemm:
 
         if expert >= 0:
             m0 = bidy * cfg.block_m
-            row0 = bidx * (16 * cfg.warps_n) + wn * 16  # first gate (or only) row of this warp
+            # first gate (or only) row of this warp; row set q = half * row_groups + j covers
+            # rows row0 + 16 j (+ N/2 for the up half)
+            row0 = bidx * cfg.rows_per_cta + wn * (16 * cfg.row_groups)
+            nq = self.num_row_sets
             acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
-            for j in cutlass.range_constexpr(self.acc_len):
-                acc[j] = Float32(0.0)
+            acc.fill(0.0)
 
             w_base = w.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 2))
             s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 16))
             a_base = a.iterator.toint()
-            # weight row addresses of this lane (rows g and g+8, per row set)
+            # weight row addresses of this lane: rows g and g+8 of every row set
             w_row_addr = []
             s_row_addr = []
-            for r in cutlass.range_constexpr(self.num_row_sets):
+            for q in cutlass.range_constexpr(nq):
+                half_off = (q // cfg.row_groups) * (n_static // 2)
                 for h in cutlass.range_constexpr(2):
-                    row = row0 + r * (n_static // 2) + h * 8 + grp
+                    row = row0 + half_off + (q % cfg.row_groups) * 16 + h * 8 + grp
                     w_row_addr.append(w_base + Int64(row) * Int64(k_static // 2) + Int64(quad * 16))
                     s_row_addr.append(s_base + Int64(row) * Int64(k_static // 16) + Int64(quad * 2))
             # activation row address per MMA column tile (token clamped: never read past P)
@@ -369,25 +384,48 @@ class W4A16GroupedGemm:
                 token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
                 a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2) + Int64(quad * 64))
 
+            # register double buffer: the next 128-k step's weights/scales are in flight while
+            # the current one is decoded and multiplied
+            wbuf = cute.make_rmem_tensor(cute.make_layout(2 * nq * 2 * 4), Int32)
+            sbuf = cute.make_rmem_tensor(cute.make_layout(2 * nq * 2), Int32)
+            k_first = wk * self.k_iters * 128
+            for q2 in cutlass.range_constexpr(2 * nq):
+                v = _ld_v4(w_row_addr[q2] + Int64(k_first // 2))
+                for e in cutlass.range_constexpr(4):
+                    wbuf[q2 * 4 + e] = v[e]
+                sbuf[q2] = _ld_u16(s_row_addr[q2] + Int64(k_first // 16))
+
             for it in cutlass.range(self.k_iters, unroll=1):
-                kb = (wk * self.k_iters + it) * 128
-                for r in cutlass.range_constexpr(self.num_row_sets):
-                    wv = []
-                    sv = []
-                    for h in cutlass.range_constexpr(2):
-                        wv.append(_ld_v4(w_row_addr[2 * r + h] + Int64(kb // 2)))
-                        s0, s1 = _scales_to_bf16x2(_ld_u16(s_row_addr[2 * r + h] + Int64(kb // 16)))
-                        sv.append((s0, s1))
-                    for i in cutlass.range_constexpr(4):
-                        # rows g (h=0) and g+8 (h=1): word i, block scale i // 2
-                        dg = _decode_word(wv[0][i], sv[0][i // 2])
-                        d8 = _decode_word(wv[1][i], sv[1][i // 2])
-                        for t in cutlass.range_constexpr(self.num_tiles):
-                            xv = _ld_v4(a_row_addr[t] + Int64(kb * 2 + i * 16))
-                            base = 4 * (r * self.num_tiles + t)
+                kb = k_first + it * 128
+                kn = k_first + cutlass.min(it + 1, self.k_iters - 1) * 128
+                cur = 0  # compile-time buffer offsets: a dynamic index would go to local memory
+                nxt = 2 * nq
+                for q2 in cutlass.range_constexpr(2 * nq):
+                    v = _ld_v4(w_row_addr[q2] + Int64(kn // 2))
+                    for e in cutlass.range_constexpr(4):
+                        wbuf[(nxt + q2) * 4 + e] = v[e]
+                    sbuf[nxt + q2] = _ld_u16(s_row_addr[q2] + Int64(kn // 16))
+                scl = []
+                for q2 in cutlass.range_constexpr(2 * nq):
+                    scl.append(_scales_to_bf16x2(sbuf[cur + q2]))
+                for i in cutlass.range_constexpr(4):
+                    dec = []
+                    for q2 in cutlass.range_constexpr(2 * nq):
+                        # word i of row (q2 // 2, half q2 % 2), block scale i // 2
+                        dec.append(_decode_word(wbuf[(cur + q2) * 4 + i], scl[q2][i // 2]))
+                    for t in cutlass.range_constexpr(self.num_tiles):
+                        xv = _ld_v4(a_row_addr[t] + Int64(kb * 2 + i * 16))
+                        for q in cutlass.range_constexpr(nq):
+                            dg = dec[2 * q]
+                            d8 = dec[2 * q + 1]
+                            base = 4 * (q * self.num_tiles + t)
                             # step 0: physical k 8i+{0..3}; step 1: 8i+{4..7} (module docstring)
                             _mma(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
                             _mma(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
+                for e in cutlass.range_constexpr(2 * nq * 4):
+                    wbuf[e] = wbuf[nxt * 4 + e]
+                for e in cutlass.range_constexpr(2 * nq):
+                    sbuf[e] = sbuf[nxt + e]
 
             # deterministic split-K: warps wk > 0 park partial sums, wk == 0 adds them in order
             if const_expr(cfg.warps_k > 1):
@@ -411,22 +449,25 @@ class W4A16GroupedGemm:
         """C fragment j of column tile t: weight row g + 8 (j // 2), token 8t + 2c + (j % 2)."""
         cfg = self.cfg
         half = cfg.n // 2
-        for t in cutlass.range_constexpr(self.num_tiles):
-            for j in cutlass.range_constexpr(4):
-                token = m0 + t * 8 + quad * 2 + (j % 2)
-                row = row0 + grp + 8 * (j // 2)
-                if token < num_rows:
-                    v = acc[4 * t + j] * w_global[expert, row]
-                    if const_expr(cfg.epilogue == "swiglu"):
-                        up = acc[4 * (self.num_tiles + t) + j] * w_global[expert, row + half]
-                        gate = cutlass.min(v, swiglu_limit)
-                        up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
-                        v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
-                    if const_expr(cfg.epilogue == "row_scale"):
-                        v = v * row_scale[token]
-                    if const_expr(cfg.has_bias):
-                        v = v + bias[row].to(Float32)
-                    out[token, row] = v.to(BFloat16)
+        for j in cutlass.range_constexpr(cfg.row_groups):
+            for t in cutlass.range_constexpr(self.num_tiles):
+                for f in cutlass.range_constexpr(4):
+                    token = m0 + t * 8 + quad * 2 + (f % 2)
+                    row = row0 + 16 * j + grp + 8 * (f // 2)
+                    if token < num_rows:
+                        v = acc[4 * (j * self.num_tiles + t) + f] * w_global[expert, row]
+                        if const_expr(cfg.epilogue == "swiglu"):
+                            q_up = cfg.row_groups + j
+                            up = acc[4 * (q_up * self.num_tiles + t) + f]
+                            up = up * w_global[expert, row + half]
+                            gate = cutlass.min(v, swiglu_limit)
+                            up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
+                            v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                        if const_expr(cfg.epilogue == "row_scale"):
+                            v = v * row_scale[token]
+                        if const_expr(cfg.has_bias):
+                            v = v + bias[row].to(Float32)
+                        out[token, row] = v.to(BFloat16)
 
 
 def compile_gemm(cfg: GemmConfig, extra_options: str = ""):
