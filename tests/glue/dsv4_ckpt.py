@@ -266,3 +266,33 @@ def _swiglu_mlp(x, w1, w3, w2, bf16_activation=False):
     if bf16_activation:
         h = h.to(torch.bfloat16).float()
     return h @ w2.t()
+
+
+EXPERT_SUFFIXES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+
+
+def transformers_hf_keys() -> list[str]:
+    """transformers' state-dict keys for this tiny DeepSeek-V4, with the fused expert tensors
+    replaced by the per-expert names ModelOpt HF exports use (REFERENCE section 7)."""
+    import transformers
+
+    cfg_dict = config_dict("fp8")
+    fields = transformers.DeepseekV4Config().to_dict().keys()
+    cfg = transformers.DeepseekV4Config(**{k: v for k, v in cfg_dict.items()
+                                           if k in fields and k != "quantization_config"})
+    with torch.device("meta"):
+        model = transformers.DeepseekV4ForCausalLM(cfg)
+    keys = []
+    for key in model.state_dict():
+        if key.endswith(".mlp.experts.gate_up_proj"):
+            base = key.removesuffix(".gate_up_proj")
+            keys += [f"{base}.{e}.{p}.{s}" for e in range(EXPERTS)
+                     for p in ("gate_proj", "up_proj") for s in EXPERT_SUFFIXES]
+        elif key.endswith(".mlp.experts.down_proj"):
+            base = key.removesuffix(".down_proj")
+            keys += [f"{base}.{e}.down_proj.{s}" for e in range(EXPERTS)
+                     for s in EXPERT_SUFFIXES]
+        else:
+            keys.append(key)
+    assert any(".compressor.indexer." in k for k in keys)  # the tiny model has all parts
+    return keys

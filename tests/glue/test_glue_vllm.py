@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 
 import cpu_standins
 import pytest
 import torch
-from dsv4_ckpt import EXPERTS, HIDDEN, LAYERS, MOE_INTER, VOCAB, Checkpoint
+from dsv4_ckpt import (
+    EXPERTS,
+    HIDDEN,
+    LAYERS,
+    MOE_INTER,
+    VOCAB,
+    Checkpoint,
+    transformers_hf_keys,
+)
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [
@@ -183,6 +192,46 @@ def test_every_checkpoint_key_is_loaded(engine):
     for n, p in engine["before"].items():
         if p.is_floating_point():
             assert not torch.isnan(p.float()).any(), f"{n} never loaded (NaN sentinel)"
+
+
+def _resolve_param(model, vllm_name: str, params: set[str]) -> str | None:
+    """The parameter a (mapped) checkpoint name loads into: itself, its fused projection
+    (the model's packed_modules_mapping), or the routed-experts tensor of its expert."""
+    if vllm_name in params:
+        return vllm_name
+    for fused, parts in model.packed_modules_mapping.items():
+        for part in parts:
+            cand = vllm_name.replace(f".{part}.", f".{fused}.", 1)
+            if cand != vllm_name and cand in params:
+                return cand
+    m = re.search(r"^(.*\.experts)\.\d+\.(w[123])\.(\w+)$", vllm_name)
+    if m:
+        stem = "w2_" if m.group(2) == "w2" else "w13_"
+        cand = f"{m.group(1)}.routed_experts.{stem}{m.group(3)}"
+        return cand if cand in params else None
+    return None
+
+
+def test_every_hf_name_lands_in_one_vllm_parameter(engine):
+    """Each key transformers' DeepSeek-V4 has (experts per ModelOpt's HF export) maps, through
+    the model's mapper, onto a parameter or buffer of vLLM's model, and the mapped names
+    cover every parameter vLLM's model has."""
+    if engine["naming"] != "hf":
+        pytest.skip("name coverage is a property of the mapper; checked once per family")
+    model = engine["model"]
+    params = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    landed, lost = {}, []
+    for key in transformers_hf_keys():
+        mapped = model.hf_to_vllm_mapper.map_name(key)
+        target = None if mapped is None else _resolve_param(model, mapped, params)
+        if target is None:
+            lost.append((key, mapped))
+        landed.setdefault(target, []).append(key)
+    assert not lost, f"{len(lost)} keys land nowhere: {lost[:6]}"
+    real_params = {n for n, _ in model.named_parameters()}
+    scale_like = ("_scale", "_scale_inv", "_scale_2")
+    uncovered = [p for p in real_params - set(landed) if not p.endswith(scale_like)]
+    assert not uncovered, uncovered[:8]
 
 
 @pytest.fixture(scope="module")
