@@ -73,32 +73,45 @@ def _init_dist_once():
     _dist_ready = True
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
-def engine(request, vllm_cpu, tmp_path_factory):
-    """(case, ckpt, tensors on disk, vllm_config, model, loaded names, params before pwal)."""
-    family, naming = request.param
+@contextlib.contextmanager
+def built_model(ckpt: Checkpoint, naming: str, directory: str):
+    """Write ``ckpt``, let vLLM parse it, build the model and load the file (vLLM's code)."""
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    ckpt = Checkpoint(family, seed=1000 + CASES.index(request.param))
-    directory = str(tmp_path_factory.mktemp(f"dsv4-{family}-{naming}"))
     tensors = ckpt.write(directory, naming)
     vc = EngineArgs(model=directory, skip_tokenizer_init=True, enforce_eager=True,
                     max_model_len=256, dtype="bfloat16",
                     compilation_config={"custom_ops": ["none"]}).create_engine_config()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(set_current_vllm_config(vc))
+    with set_current_vllm_config(vc):
         _init_dist_once()
         with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
             model = initialize_model(vllm_config=vc)
         files = [os.path.join(directory, "model.safetensors")]
         loaded = model.load_weights(safetensors_weights_iterator(files, False))
-        before = {n: p.detach().clone() for n, p in model.named_parameters() if ".ffn." in n}
-        yield dict(family=family, naming=naming, ckpt=ckpt, tensors=tensors, vc=vc,
-                   model=model, loaded=loaded, before=before, stack=stack)
+        yield dict(family=ckpt.family, naming=naming, ckpt=ckpt, tensors=tensors, vc=vc,
+                   model=model, loaded=loaded)
+
+
+def process(engine) -> None:
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    process_weights_after_loading(engine["model"], engine["vc"].model_config,
+                                  torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+def engine(request, vllm_cpu, tmp_path_factory):
+    family, naming = request.param
+    ckpt = Checkpoint(family, seed=1000 + CASES.index(request.param))
+    directory = str(tmp_path_factory.mktemp(f"dsv4-{family}-{naming}"))
+    with built_model(ckpt, naming, directory) as eng:
+        eng["before"] = {n: p.detach().clone() for n, p in eng["model"].named_parameters()
+                         if ".ffn." in n}
+        yield eng
 
 
 def _layer(model, layer):
@@ -236,10 +249,7 @@ def test_every_hf_name_lands_in_one_vllm_parameter(engine):
 
 @pytest.fixture(scope="module")
 def processed(engine):
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    process_weights_after_loading(engine["model"], engine["vc"].model_config,
-                                  torch.device("cpu"))
+    process(engine)
     return engine
 
 
@@ -333,3 +343,57 @@ def test_routed_experts_exact_vs_reference(processed, layer):
         f"1 bf16 ulp; max abs diff {diff.max():.3e}, rel L2 {_rel(out, want):.2e}")
     rel = _rel(out, want.to(torch.bfloat16))
     assert rel < 1e-3, rel  # vs the reference rounded to bf16 once
+
+
+@pytest.mark.parametrize("bad", ["zero", "nan", "missing"])
+def test_bad_global_scale_fails_loudly(vllm_cpu, tmp_path, bad):
+    """A zero / non-finite / absent ``weight_scale_2`` stops post-load processing with an
+    error naming the layer and the tensor, instead of serving garbage."""
+    from model_glue.moe import NVFP4ScaleError
+
+    ckpt = Checkpoint("fp8", seed=7)
+    up = ckpt.layers[1]["experts"][5]["w3"]
+    if bad == "zero":
+        up.weight_scale_2 = torch.tensor(0.0)
+    elif bad == "nan":
+        up.weight_scale_2 = torch.tensor(float("nan"))
+    naming = "native"
+    if bad == "missing":
+        real_tensors = ckpt.tensors
+        ckpt.tensors = lambda naming: {k: v for k, v in real_tensors(naming).items()
+                                       if k != "layers.1.ffn.experts.5.w3.weight_scale_2"}
+    with built_model(ckpt, naming, str(tmp_path)) as eng:
+        with pytest.raises(NVFP4ScaleError, match=r"layers\.1\.ffn.*w13_weight_scale_2"):
+            process(eng)
+
+
+def test_expert_parallel_rank_uses_only_its_experts(processed):
+    """EP: a rank holding experts [4, 8) of 8 gets global ids and adds only its experts'
+    contributions (vLLM's linear placement -> expert_start; round robin -> id remap)."""
+    from types import SimpleNamespace
+
+    model = processed["model"]
+    full = _routed(model, 1)
+    method = full.quant_method
+    x, tok = _inputs(processed["ckpt"], 1, seed=300)
+    ids, w, _ = processed["ckpt"].route(1, x, tok)
+    ids = ids.to(torch.int32)
+    for local in ([4, 5, 6, 7], [1, 3, 5, 7]):
+        emap = torch.full((EXPERTS,), -1, dtype=torch.int32)
+        emap[local] = torch.arange(len(local), dtype=torch.int32)
+        sel = torch.tensor(local)
+        shard = SimpleNamespace(
+            expert_map=emap, global_num_experts=EXPERTS, swiglu_limit=full.swiglu_limit,
+            **{n: getattr(full, n)[sel] for n in (
+                "w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight",
+                "w2_weight_scale", "w2_weight_scale_2")})
+        method._setup_expert_range(shard)
+        try:
+            assert (method.global_to_local is None) == (local == [4, 5, 6, 7])
+            got = method.apply(shard, x, w.float(), ids, None, None)
+        finally:
+            method._setup_expert_range(full)
+        mine = torch.isin(ids, sel)
+        want = method.apply(full, x, torch.where(mine, w, 0.0).float(), ids, None, None)
+        assert torch.equal(got, want), local
+        assert not torch.equal(got, method.apply(full, x, w.float(), ids, None, None))
