@@ -75,7 +75,7 @@ def expect_dtype(op: str, name: str, t: torch.Tensor, *dtypes: torch.dtype) -> N
 def expect_shape(op: str, name: str, t: torch.Tensor, want: tuple, what: str) -> None:
     """``want`` may hold ints or ``None`` (any size) per dim; ``what`` is the symbolic shape."""
     got = _shape(t)
-    ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+    ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want, strict=True))
     if not ok:
         concrete = tuple("*" if w is None else w for w in want)
         raise NVFP4InputError(f"{op}: {name} must have shape {what} = {concrete}, got {got}")

@@ -131,7 +131,9 @@ def float_to_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 def as_e4m3(block_scale: torch.Tensor) -> torch.Tensor:
     """Block scales as ``float8_e4m3fn``: uint8 raw bytes are reinterpreted, not converted."""
-    return block_scale.view(torch.float8_e4m3fn) if block_scale.dtype == torch.uint8 else block_scale
+    if block_scale.dtype == torch.uint8:
+        return block_scale.view(torch.float8_e4m3fn)
+    return block_scale
 
 
 def _check_blocks(packed: torch.Tensor, block_scale: torch.Tensor, fn: str) -> None:

@@ -66,7 +66,7 @@ def _opcheck(op, args):
     as_bytes = tuple(a.view(torch.uint8) if isinstance(a, torch.Tensor)
                      and a.dtype == torch.float8_e4m3fn else a for a in args)
     torch.library.opcheck(op, as_bytes)
-    if any(a is not b for a, b in zip(as_bytes, args)):
+    if any(a is not b for a, b in zip(as_bytes, args, strict=True)):
         utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
         torch.library.opcheck(op, args, test_utils=utils)
 

@@ -170,7 +170,7 @@ def format_table(rows: list[Row]) -> str:
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
 
 

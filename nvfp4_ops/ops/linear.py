@@ -61,7 +61,8 @@ def linear(
     Args:
         x: ``bf16 [M, K]``, contiguous, ``K % 32 == 0``; ``M`` may be 0.
         weight: ``uint8 [N, K/2]``, two e2m1 codes per byte, low nibble = even k.
-        weight_scale: ``float8_e4m3fn [N, K/16]`` (or its bytes as ``uint8``), row-major (not swizzled).
+        weight_scale: ``float8_e4m3fn [N, K/16]`` (or its bytes as ``uint8``), row-major
+            (not swizzled).
         global_scale: ``float32 []`` or ``[N]`` (one per output row, so fused projections
             whose shards have different ``weight_scale_2`` stay exact); finite, > 0.
         bias: optional ``bf16 [N]``.

@@ -109,7 +109,8 @@ def moe(
         w13: ``uint8 [E, 2I, H/2]`` (per expert: gate rows, then up rows); ``I % 32 == 0``.
         w13_scale: ``float8_e4m3fn [E, 2I, H/16]`` (or its bytes as ``uint8``).
         w13_global: ``float32 [E, 2]``: (gate, up) global scales, applied separately.
-        w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes as ``uint8``);
+        w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes
+            as ``uint8``);
             w2_global: ``float32 [E]``.
         expert_start: the first global id this rank owns; ids outside
             ``[expert_start, expert_start + E)`` contribute nothing here.
