@@ -47,7 +47,8 @@ def register() -> list[str]:
     _installed = _install()
     from vllm.logger import init_logger
 
-    init_logger(__name__).info(
+    # Under the "vllm" logger so vLLM's handler and VLLM_LOGGING_LEVEL apply to it.
+    init_logger("vllm.plugins.nvfp4_ops").info(
         "nvfp4_ops glue enabled (%s=1): %s", ENV_SWITCH, "; ".join(_installed))
     return _installed
 
