@@ -32,6 +32,8 @@ DEEPSEEK_V4_MODEL_TYPES = ("deepseek_v4", "deepseek_v4_text", "deepseek_v41",
 
 # vLLM's ModelOpt config keeps these unquantized regardless of the exclude list.
 _VISION_PREFIXES = ("vision_tower", "vision_model", "vit_large_projector")
+# Read directly by DeepSeek-V4's fused FP8 output projection (nvidia/ops/o_proj.py).
+_FP8_ONLY_ATTENTION = (".attn.wo_a", ".attn.wo_b")
 
 
 def _current_model_type() -> str | None:
@@ -88,4 +90,10 @@ class Nvfp4OpsModelOptConfig(ModelOptNvFp4Config):
             return super().get_quant_method(layer, prefix)
         if isinstance(layer, RoutedExperts):
             return ModelOptNvFp4OpsFusedMoE(quant_config=self, moe_config=layer.moe_config)
+        if prefix.endswith(_FP8_ONLY_ATTENTION):
+            raise NotImplementedError(
+                f"{prefix}: vLLM 0.33's DeepSeek-V4 attention feeds wo_a/wo_b straight to its "
+                "block-FP8 output-projection kernel, never through a linear method, so an "
+                "NVFP4 wo_a/wo_b cannot be served (by vLLM or by nvfp4_ops). Use a checkpoint "
+                "that keeps them FP8/BF16 (ModelOpt: add them to exclude_modules).")
         return Nvfp4OpsLinearMethod(prefix)

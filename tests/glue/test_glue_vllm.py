@@ -74,7 +74,7 @@ def _init_dist_once():
 
 
 @contextlib.contextmanager
-def built_model(ckpt: Checkpoint, naming: str, directory: str):
+def built_model(ckpt: Checkpoint, naming: str, directory: str, reverse: bool = False):
     """Write ``ckpt``, let vLLM parse it, build the model and load the file (vLLM's code)."""
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
@@ -91,7 +91,10 @@ def built_model(ckpt: Checkpoint, naming: str, directory: str):
         with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
             model = initialize_model(vllm_config=vc)
         files = [os.path.join(directory, "model.safetensors")]
-        loaded = model.load_weights(safetensors_weights_iterator(files, False))
+        weights = safetensors_weights_iterator(files, False)
+        if reverse:  # e.g. the up shard of a fused projection before the gate shard
+            weights = reversed(list(weights))
+        loaded = model.load_weights(weights)
         yield dict(family=ckpt.family, naming=naming, ckpt=ckpt, tensors=tensors, vc=vc,
                    model=model, loaded=loaded)
 
@@ -397,3 +400,43 @@ def test_expert_parallel_rank_uses_only_its_experts(processed):
         want = method.apply(full, x, torch.where(mine, w, 0.0).float(), ids, None, None)
         assert torch.equal(got, want), local
         assert not torch.equal(got, method.apply(full, x, w.float(), ids, None, None))
+
+
+def test_fused_shards_load_in_any_order(vllm_cpu, tmp_path):
+    """A fused projection's per-shard global scales are buffered until all shards are in, so
+    the per-row scale is right whichever shard arrives first (ModelOpt shared experts: gate
+    and up global scales 4x apart)."""
+    from vllm.forward_context import set_forward_context
+
+    ckpt = Checkpoint("modelopt", seed=11)
+    with built_model(ckpt, "native", str(tmp_path), reverse=True) as eng:
+        process(eng)
+        gu = _layer(eng["model"], 1).shared_experts.gate_up_proj
+        s = ckpt.layers[1]["shared"]
+        assert torch.equal(gu.weight_global, torch.cat([
+            s["w1"].weight_scale_2.expand(MOE_INTER), s["w3"].weight_scale_2.expand(MOE_INTER)]))
+        x, tok = _inputs(ckpt, 1, seed=400)
+        ids, w, _ = ckpt.route(1, x, tok)
+        want = ckpt.routed_reference(1, x, ids, w) + ckpt.shared_reference(1, x)
+        with set_forward_context(None, eng["vc"]), torch.no_grad():
+            got = _layer(eng["model"], 1)(x.clone(), tok)
+        assert _rel(got, want) < 1.5e-2
+
+
+def test_nvfp4_attention_output_projection_is_refused(engine):
+    """wo_a/wo_b bypass linear methods in vLLM's DeepSeek-V4 attention: a clear error at
+    build time instead of wrong results later."""
+    import copy
+
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    if engine["family"] != "modelopt" or engine["naming"] != "native":
+        pytest.skip("one ModelOpt config is enough")
+    qc = copy.copy(engine["vc"].quant_config)
+    qc.exclude_modules = []
+    with pytest.raises(NotImplementedError, match="wo_a"):
+        ReplicatedLinear(256, 256, bias=False, quant_config=qc,
+                         prefix="model.layers.0.attn.wo_a")
+    layer = ReplicatedLinear(256, 256, bias=False, quant_config=qc,
+                             prefix="model.layers.0.attn.wq_b")
+    assert type(layer.quant_method).__name__ == "Nvfp4OpsLinearMethod"
