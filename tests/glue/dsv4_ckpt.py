@@ -41,7 +41,7 @@ SWIGLU_LIMIT = 3.0  # small enough that the clamp clips many up (and a few gate)
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def config_dict(family: str, naming: str = "native") -> dict:
+def config_dict(family: str, naming: str = "native", quant_algo: str = "NVFP4") -> dict:
     from transformers import DeepseekV4Config
 
     cfg = DeepseekV4Config(
@@ -65,7 +65,7 @@ def config_dict(family: str, naming: str = "native") -> dict:
         }
     elif family == "modelopt":
         # ModelOpt writes its settings both here and to hf_quant_config.json; vLLM reads this.
-        q = hf_quant_config(naming)["quantization"]
+        q = hf_quant_config(naming, quant_algo)["quantization"]
         cfg["quantization_config"] = {
             "quant_method": "modelopt", "quant_algo": q["quant_algo"],
             "group_size": q["group_size"], "ignore": q["exclude_modules"],
@@ -76,12 +76,12 @@ def config_dict(family: str, naming: str = "native") -> dict:
     return cfg
 
 
-def hf_quant_config(naming: str) -> dict:
+def hf_quant_config(naming: str, quant_algo: str = "NVFP4") -> dict:
     """``hf_quant_config.json`` as ModelOpt writes it (the attention stays unquantized)."""
     layers = "model.layers.*.self_attn*" if naming == "hf" else "layers.*.attn*"
     return {
         "producer": {"name": "modelopt", "version": "0.40.0"},
-        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+        "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": None, "group_size": 16,
                          "exclude_modules": [layers, "lm_head"]},
     }
 
@@ -125,8 +125,10 @@ def dequant_fp8_block(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 class Checkpoint:
     """Synthetic checkpoint tensors (by native role) plus the writer for both naming styles."""
 
-    def __init__(self, family: str, seed: int, gate_up_ratio: float = 4.0):
+    def __init__(self, family: str, seed: int, gate_up_ratio: float = 4.0,
+                 quant_algo: str = "NVFP4"):
         self.family = family
+        self.quant_algo = quant_algo  # ModelOpt family: "NVFP4" (W4A4) or "W4A16_NVFP4"
         gen = torch.Generator().manual_seed(seed)
         self.layers = []
         for layer in range(LAYERS):
@@ -200,10 +202,10 @@ class Checkpoint:
     def write(self, directory: str, naming: str) -> dict[str, torch.Tensor]:
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w") as f:
-            json.dump(config_dict(self.family, naming), f, indent=1)
+            json.dump(config_dict(self.family, naming, self.quant_algo), f, indent=1)
         if self.family == "modelopt":
             with open(os.path.join(directory, "hf_quant_config.json"), "w") as f:
-                json.dump(hf_quant_config(naming), f, indent=1)
+                json.dump(hf_quant_config(naming, self.quant_algo), f, indent=1)
         tensors = self.tensors(naming)
         save_file({k: v.contiguous() for k, v in tensors.items()},
                   os.path.join(directory, "model.safetensors"))

@@ -109,7 +109,9 @@ def process(engine) -> None:
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def engine(request, vllm_cpu, tmp_path_factory):
     family, naming = request.param
-    ckpt = Checkpoint(family, seed=1000 + CASES.index(request.param))
+    # The HF-named ModelOpt export is the weight-only variant (quant_algo W4A16_NVFP4).
+    algo = "W4A16_NVFP4" if request.param == ("modelopt", "hf") else "NVFP4"
+    ckpt = Checkpoint(family, seed=1000 + CASES.index(request.param), quant_algo=algo)
     directory = str(tmp_path_factory.mktemp(f"dsv4-{family}-{naming}"))
     with built_model(ckpt, naming, directory) as eng:
         eng["before"] = {n: p.detach().clone() for n, p in eng["model"].named_parameters()
@@ -133,6 +135,8 @@ def test_vllm_selects_our_methods(engine):
     assert qc.__module__ == "model_glue.configs"
     assert engine["vc"].quant_config.get_name() == {"fp8": "deepseek_v4_fp8",
                                                     "modelopt": "modelopt_fp4"}[engine["family"]]
+    if engine["family"] == "modelopt":
+        assert engine["vc"].quant_config.quant_method == engine["ckpt"].quant_algo
     for layer in range(LAYERS):
         assert type(_routed(engine["model"], layer).quant_method) is ModelOptNvFp4OpsFusedMoE
         shared = _layer(engine["model"], layer).shared_experts
