@@ -293,5 +293,27 @@ def test_block_ms_match_the_gemm():
 
     assert BLOCK_MS == GEMM_BLOCK_MS
     assert choose_block_m(6, 256) == 8
-    assert choose_block_m(6 * 512, 256) == 32
-    assert choose_block_m(6 * 16384, 256) == 64
+    assert choose_block_m(6 * 128, 256) == 8
+    assert choose_block_m(6 * 512, 256) == 16
+    assert choose_block_m(6 * 4096, 256) == 64
+    assert all(choose_block_m(n, 256) in BLOCK_MS for n in range(0, 10**5, 997))
+
+
+def test_row_globals_cache_follows_in_place_updates():
+    from nvfp4_ops.kernels import moe_cuda
+
+    w13_global = torch.rand(4, 2) + 0.5
+    w2_global = torch.rand(4) + 0.5
+    first13, first2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
+    assert torch.equal(first13[:, :3], w13_global[:, :1].expand(4, 3))
+    assert torch.equal(first13[:, 3:], w13_global[:, 1:].expand(4, 3))
+    assert torch.equal(first2, w2_global[:, None].expand(4, 5))
+    again13, _ = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
+    assert again13 is first13  # cached
+    w13_global.mul_(2)
+    w2_global.add_(1)
+    new13, new2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
+    assert torch.equal(new13, 2 * first13) and torch.equal(new2, first2 + 1)
+    key = id(w13_global)
+    del w13_global
+    assert key not in moe_cuda._ROW_GLOBALS

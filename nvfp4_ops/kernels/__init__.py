@@ -20,6 +20,7 @@ __all__ = ["CUDA_KERNELS", "cuda_kernel", "describe", "forced_reference"]
 CUDA_KERNELS: dict[str, str] = {
     "linear": "nvfp4_ops.kernels.linear_cuda:linear",
     "mlp": "nvfp4_ops.kernels.linear_cuda:mlp",
+    "moe": "nvfp4_ops.kernels.moe_cuda:moe_cuda",
 }
 
 

@@ -30,6 +30,7 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -49,17 +50,19 @@ BLOCK_MS = (8, 16, 32, 64)
 def choose_block_m(num_slots: int, num_experts: int) -> int:
     """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts.
 
-    The GEMMs stream each expert's weights once per tile of its segment, so at small batch
-    (memory-bound) a tile should hold a typical expert's whole segment: the smallest tile of at
-    least twice the mean count ``N / E`` (uniform routing: Poisson counts, rarely above 2x the
-    mean for means >= 4), capped at the largest tile. Pure function of static sizes.
-    V4-Flash (E = 256, k = 6): T <= 42 -> 8, T <= 170 -> 8/16, T = 512 -> 32, T >= 1366 -> 64.
+    Chosen from a sweep of the whole op on H200 / V4-Flash (``bench_moe.py --sweep``,
+    ``benchmarks/results/moe_h200_v4-flash_sweep.json``, µs per block_m 8/16/32/64):
+    T = 128 (mean 3 slots per expert): 2363 / 2844 / 4629 / 4947; T = 512 (mean 12): 4405 / 3133
+    / 4734 / 5192; T = 4096 (mean 96): 24874 / 15907 / 14329 / 9795. The small tiles (split-K
+    kernels) win while a typical expert fits in one tile, the 64-token tile (no split-K) as
+    soon as it does not; 32 never won. So: the smallest of 8/16 that holds the mean count,
+    else 64. Pure function of static sizes.
     """
-    want = 2 * num_slots / max(1, num_experts)
-    for block_m in BLOCK_MS:
-        if block_m >= want:
+    mean = num_slots / max(1, num_experts)
+    for block_m in (8, 16):
+        if mean <= block_m:
             return block_m
-    return BLOCK_MS[-1]
+    return 64
 
 
 def moe_supported(hidden_size: int, inter: int) -> bool:
@@ -68,16 +71,40 @@ def moe_supported(hidden_size: int, inter: int) -> bool:
     return hidden_size % 128 == 0 and inter % 128 == 0
 
 
+#: id(w13_global) -> (weakref w13_global, weakref w2_global, versions, w13 rows, w2 rows)
+_ROW_GLOBALS: dict[int, tuple] = {}
+
+
+def _expand_row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
+                        hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    w13_rows = w13_global.float().repeat_interleave(inter, dim=1)
+    w2_rows = w2_global.float().unsqueeze(1).expand(-1, hidden_size).contiguous()
+    return w13_rows, w2_rows
+
+
 def _row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
                  hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-row global scales as the GEMM takes them: ``[E, 2I]`` (gate rows get
     ``w13_global[e, 0]``, up rows ``w13_global[e, 1]``) and ``[E, H]``.
 
-    Two small copies per call (4 MB each for V4-Flash): kept per call rather than cached so a
-    CUDA graph never replays stale scales and no cache can be filled during capture.
+    Expanding costs two launches and ~10 µs per call on H200 (V4-Flash, 8 MB written; measured
+    by ``bench_moe.py --sweep``: 10.6 µs of a 93 µs T = 1 call), so the result is cached per
+    layer, keyed on the identity and version counter of both scale tensors (an in-place update
+    bumps the version and recomputes; a freed tensor drops its entry). The cache is filled only
+    outside CUDA-graph capture: under capture a miss is computed inside the graph, so a replay
+    never reads values that were not written.
     """
-    w13_rows = w13_global.float().repeat_interleave(inter, dim=1)
-    w2_rows = w2_global.float().unsqueeze(1).expand(-1, hidden_size).contiguous()
+    key = id(w13_global)
+    hit = _ROW_GLOBALS.get(key)
+    versions = (w13_global._version, w2_global._version, inter, hidden_size)
+    if hit is not None:
+        ref13, ref2, cached_versions, w13_rows, w2_rows = hit
+        if ref13() is w13_global and ref2() is w2_global and cached_versions == versions:
+            return w13_rows, w2_rows
+    w13_rows, w2_rows = _expand_row_globals(w13_global, w2_global, inter, hidden_size)
+    if not (w13_global.is_cuda and torch.cuda.is_current_stream_capturing()):
+        ref13 = weakref.ref(w13_global, lambda _: _ROW_GLOBALS.pop(key, None))
+        _ROW_GLOBALS[key] = (ref13, weakref.ref(w2_global), versions, w13_rows, w2_rows)
     return w13_rows, w2_rows
 
 
