@@ -15,7 +15,9 @@ from dsv4_ckpt import transformers_hf_keys
 from model_glue.names import hf_to_native, with_hf_names
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
+# vLLM's DeepSeek-V4 mapper internals (``_make_deepseek_v4_weights_mapper``) are 0.33's.
+pytestmark = pytest.mark.skipif(vllm.__version__ != "0.33.0", reason="pinned to vLLM 0.33.0")
 
 @pytest.fixture(scope="module")
 def hf_keys() -> list[str]:

@@ -13,9 +13,10 @@ import sys
 import textwrap
 from importlib.metadata import entry_points
 
+import cpu_standins
 import pytest
 
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,6 +125,8 @@ _DISABLED = """
 """
 
 
+@pytest.mark.skipif(vllm.__version__ != cpu_standins.VLLM_VERSION,
+                    reason=f"CPU stand-ins are pinned to vLLM {cpu_standins.VLLM_VERSION}")
 @pytest.mark.parametrize("switch", [None, "0"])
 def test_disabled_means_stock_vllm(tmp_path, switch):
     r = _run(_DISABLED, switch, tmp_path)

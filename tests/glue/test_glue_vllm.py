@@ -318,7 +318,7 @@ def test_ffn_forward_matches_independent_reference(processed, layer):
     err = _rel(got, want)
     # bf16 activations between the projections (vLLM's shared MLP, our SwiGLU output) bound
     # this; the gate-scale-for-both-halves answer is far outside it.
-    assert err < 1.5e-2, err
+    assert err < 1e-2, err
     assert _rel(stock, want) > 20 * 1.5e-2
 
 
