@@ -25,13 +25,18 @@ Weights are the MMA's A operand (rows = output features, the M side of ``mma.syn
 and tokens are the B operand (the N side, 8 tokens per MMA), so a decode batch of 1-16 tokens
 costs 1-2 MMA columns instead of a 64-row tile.
 
-FP4 decode happens in registers: an e2m1 code's magnitude (3 bits) selects the bf16 bytes of
-{0, .5, 1, 1.5, 2, 3, 4, 6} through two ``prmt`` byte-permutes (low bytes, high bytes), the sign
-bit is moved to bit 15 with one more ``prmt`` + mask, and the pair is multiplied by the block
-scale as bf16x2. e2m1 (2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit
-significand, so that product is exact: the MMA sees exactly ``e2m1 * block_scale``. The MMA
-accumulates in fp32; the per-row global scale (and bias, SwiGLU, router weight) is applied to the
-fp32 accumulator in the epilogue, and the result is rounded to bf16 once.
+FP4 decode happens in registers. Default (``decode="shift"``): for the pair of codes in byte
+j of a u32 word, one ``prmt`` puts the even code in bits 12-15 and the odd code in bits 28-31;
+the sign bits stay, the 3 magnitude bits move right by 6 into the low exponent bits + top
+mantissa bit, giving exactly ``e2m1 * 2^-126`` per bf16 (0.5 is a bf16 subnormal); one bf16x2
+multiply by ``block_scale * 2^119`` (exact in bf16) yields ``e2m1 * block_scale * 2^-7``, and the
+epilogue scales the fp32 accumulator by 2^7 (exact). ~5 instructions per pair instead of ~7 for
+the first decoder (``decode="lut"``: two ``prmt`` table lookups for the bf16 bytes of
+{0, .5, 1, 1.5, 2, 3, 4, 6} plus a sign ``prmt``), which is kept for comparison sweeps.
+e2m1 (2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit significand, so
+the MMA sees exactly ``e2m1 * block_scale`` (times a power of two). The MMA accumulates in fp32;
+the per-row global scale (and bias, SwiGLU, router weight) is applied to the fp32 accumulator in
+the epilogue, and the result is rounded to bf16 once.
 
 No weight re-layout: the checkpoint bytes are consumed directly. A lane with ``lane % 4 == c``
 loads 16 bytes of one weight row = physical k ``[kb + 32c, kb + 32c + 32)`` (one 128-bit load,
@@ -46,12 +51,17 @@ SwiGLU: the gate rows and the matching up rows) and ``block_m`` tokens, over one
 K-slices; K-slices are summed through shared memory in a fixed order (deterministic split-K, no
 atomics). Grid = ``(N_out / rows_per_cta, ceil(P / block_m))``.
 
-Measured on H200 (benchmarks/results/linear_h200.json, linear_sweep_h200.json): decode runs at
-1.5-1.9 TB/s (M=1: 43 us at (7168, 18432), bf16 matmul 69 us) and no tile config in the sweep
-(row groups 1/2/4 x K-split warps 2..16) beats ~1.9 TB/s, so the limit is the per-warp loop
-(global->register loads with no smem/TMA pipeline), not the tiling. Prefill reaches ~180 TFLOP/s
-(mma.sync, x fragments re-read from L1 per warp); WGMMA with weights as the register operand is
-the planned next step for M >= 64.
+Weights stream through a per-lane register ring of ``stages`` 128-k steps with static slots
+(the k loop is unrolled by ``stages``; no register copies), 16-byte loads at static offsets
+from one 64-bit base per lane.
+
+Measured on H200 (benchmarks/results/linear_sweep_ring_h200.json, CUDA-graph replay, cold L2):
+at (N, K) = (7168, 18432) M=1 36.1 us (2.06 TB/s; the ``lut`` decoder 39.3 us in the same run,
+bf16 matmul ~68 us), M=16 42.8 us; at (18432, 7168) M=1 38.3 us, M=16 49.5 us. Deeper rings
+(3/4/6 stages) and one row group per warp were slower (more registers, fewer resident warps),
+so the decode loop is issue/occupancy-bound, not short of loads in flight. Prefill reaches
+~180 TFLOP/s (mma.sync, x fragments re-read from L1 per warp); x staged in shared memory and
+WGMMA with weights as the register operand are the next steps for M >= 64.
 """
 
 from __future__ import annotations
@@ -66,6 +76,9 @@ from cutlass.cute.arch import inline_ptx
 __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
 
 EPILOGUES = ("none", "swiglu", "row_scale")
+#: FP4 decoders: ``shift`` (bit moves, weights pre-scaled by 2^-7, undone in the epilogue) or
+#: ``lut`` (byte-permute table lookups, the first version; kept for comparison sweeps).
+DECODES = ("shift", "lut")
 #: token tile sizes (``block_m``) a binary can be compiled for; the MoE routing pads each
 #: expert segment to a multiple of the one it uses.
 BLOCK_MS = (8, 16, 32, 64)
@@ -92,6 +105,8 @@ class GemmConfig:
     warps_n: int = 1
     warps_k: int = 8
     row_groups: int = 1
+    stages: int = 2
+    decode: str = "shift"
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -107,6 +122,10 @@ class GemmConfig:
             raise ValueError(f"K={self.k} must be a multiple of {128 * self.warps_k}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
+        if not 2 <= self.stages <= 6:
+            raise ValueError(f"stages must be in [2, 6], got {self.stages}")
+        if self.decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES}, got {self.decode!r}")
 
     @property
     def n_out(self) -> int:
@@ -122,7 +141,7 @@ class GemmConfig:
         return (
             f"w4a16_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
             f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_wn{self.warps_n}"
-            f"_wk{self.warps_k}_rg{self.row_groups}_{self.arch}"
+            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}_{self.decode}_{self.arch}"
         )
 
 
@@ -159,7 +178,11 @@ def choose_config(
         row_groups //= 2
     while warps_n > 1 and n_out % (16 * row_groups * warps_n) != 0:
         warps_n //= 2
-    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k, row_groups)
+    # a 2-step ring: deeper rings (3, 4, 6) and one row group measured slower on H200 (more
+    # registers, fewer resident warps; benchmarks/results/linear_sweep_ring_h200.json)
+    stages = 2
+    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k, row_groups,
+                      stages)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,6 +231,79 @@ def _scales_to_bf16x2(two_scales: Int32):
         "}",
         write_only_types=[Int32, Int32],
         read_only_args=[two_scales],
+    )
+
+
+def _ld_v4_at(addr: Int64, offset: int):
+    """16-byte read-only global load at ``addr + offset`` (static byte offset, 16-B aligned)."""
+    return inline_ptx(
+        f"ld.global.nc.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[addr],
+    )
+
+
+def _ld_u16_at(addr: Int64, offset: int):
+    """2-byte read-only global load at ``addr + offset``, zero-extended to 32 bits."""
+    return inline_ptx(
+        f"ld.global.nc.u16 {{$w0}}, [{{$r0}}+{offset}];",
+        write_only_types=[Int32],
+        read_only_args=[addr],
+    )
+
+
+def _scales_to_bf16x2_pre(two_scales: Int32):
+    """Like :func:`_scales_to_bf16x2`, times 2^119 (for the ``shift`` decoder).
+
+    ``scale * 2^119`` is exact in fp32 and in bf16 (e4m3 max 448 < 2^9, so < 2^128).
+    """
+    return inline_ptx(
+        "{\n"
+        ".reg .b16 s16, h0, h1;\n"
+        ".reg .b32 hh;\n"
+        ".reg .f32 f0, f1;\n"
+        "cvt.u16.u32 s16, {$r0};\n"
+        "cvt.rn.f16x2.e4m3x2 hh, s16;\n"
+        "mov.b32 {h0, h1}, hh;\n"
+        "cvt.f32.f16 f0, h0;\n"
+        "cvt.f32.f16 f1, h1;\n"
+        "mul.f32 f0, f0, 0f7B000000;\n"
+        "mul.f32 f1, f1, 0f7B000000;\n"
+        "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
+        "cvt.rn.bf16x2.f32 {$w1}, f1, f1;\n"
+        "}",
+        write_only_types=[Int32, Int32],
+        read_only_args=[two_scales],
+    )
+
+
+def _decode_word_shift(word: Int32, scale2: Int32):
+    """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 pairs (codes 2j, 2j+1) * scale * 2^-7.
+
+    Pair j: a byte permute puts code 2j in bits 12-15 and code 2j+1 in bits 28-31 (byte j of
+    ``word << 4`` and of ``word``); then the sign bits stay (bit 15 / 31) and the 3 magnitude
+    bits move right by 6 into the low exponent bits + top mantissa bit of each bf16. That bf16
+    is exactly ``e2m1 * 2^-126`` (code 1 = 0.5 becomes the subnormal 2^-127; bf16 arithmetic
+    keeps subnormals). ``scale2`` holds ``scale * 2^119`` (:func:`_scales_to_bf16x2_pre`), so
+    the product is exactly ``e2m1 * scale * 2^-7`` (all normal bf16 values); the epilogue
+    multiplies the fp32 accumulator by 2^7 (exact). Same pairs, same k order as ``lut``.
+    """
+    body = ["{\n", ".reg .b32 q4, r, t;\n", "shl.b32 q4, {$r0}, 4;\n"]
+    for j in range(4):
+        sel = (j << 12) | (j << 8) | ((4 + j) << 4) | j
+        body += [
+            f"prmt.b32 r, {{$r0}}, q4, {sel:#06x};\n",
+            "and.b32 t, r, 0x70007000;\n",
+            "shr.u32 t, t, 6;\n",
+            "and.b32 r, r, 0x80008000;\n",
+            "or.b32 r, r, t;\n",
+            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
+        ]
+    body.append("}")
+    return inline_ptx(
+        "".join(body),
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[word, scale2],
     )
 
 
@@ -376,64 +472,48 @@ class W4A16GroupedGemm:
             w_base = w.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 2))
             s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 16))
             a_base = a.iterator.toint()
-            # weight row addresses of this lane: rows g and g+8 of every row set
-            w_row_addr = []
-            s_row_addr = []
+            # one 64-bit base per lane (row row0 + g, this lane's 32-k chunk); weight fragment
+            # q2 = 2 q + h (row set q, rows +8 h) sits at a static byte offset from it
+            w_lane = w_base + Int64(row0 + grp) * Int64(k_static // 2) + Int64(quad * 16)
+            s_lane = s_base + Int64(row0 + grp) * Int64(k_static // 16) + Int64(quad * 2)
+            w_off = []
+            s_off = []
             for q in cutlass.range_constexpr(nq):
                 half_off = (q // cfg.row_groups) * (n_static // 2)
                 for h in cutlass.range_constexpr(2):
-                    row = row0 + half_off + (q % cfg.row_groups) * 16 + h * 8 + grp
-                    w_row_addr.append(w_base + Int64(row) * Int64(k_static // 2) + Int64(quad * 16))
-                    s_row_addr.append(s_base + Int64(row) * Int64(k_static // 16) + Int64(quad * 2))
+                    row_off = half_off + (q % cfg.row_groups) * 16 + h * 8
+                    w_off.append(row_off * (k_static // 2))
+                    s_off.append(row_off * (k_static // 16))
             # activation row address per MMA column tile (token clamped: never read past P)
             a_row_addr = []
             for t in cutlass.range_constexpr(self.num_tiles):
                 token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
                 a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2) + Int64(quad * 64))
 
-            # register double buffer: the next 128-k step's weights/scales are in flight while
-            # the current one is decoded and multiplied
-            wbuf = cute.make_rmem_tensor(cute.make_layout(2 * nq * 2 * 4), Int32)
-            sbuf = cute.make_rmem_tensor(cute.make_layout(2 * nq * 2), Int32)
+            # register ring of `stages` 128-k steps: while step `it` is decoded and multiplied,
+            # the loads of steps it+1 .. it+stages-1 are in flight. Slots are static (the loop
+            # is unrolled by `stages`): a dynamic register index would go to local memory.
+            nr = 2 * nq
+            ns = cfg.stages
+            wbuf = cute.make_rmem_tensor(cute.make_layout(ns * nr * 4), Int32)
+            sbuf = cute.make_rmem_tensor(cute.make_layout(ns * nr), Int32)
             k_first = wk * self.k_iters * 128
-            for q2 in cutlass.range_constexpr(2 * nq):
-                v = _ld_v4(w_row_addr[q2] + Int64(k_first // 2))
-                for e in cutlass.range_constexpr(4):
-                    wbuf[q2 * 4 + e] = v[e]
-                sbuf[q2] = _ld_u16(s_row_addr[q2] + Int64(k_first // 16))
-
-            for it in cutlass.range(self.k_iters, unroll=1):
-                kb = k_first + it * 128
-                kn = k_first + cutlass.min(it + 1, self.k_iters - 1) * 128
-                cur = 0  # compile-time buffer offsets: a dynamic index would go to local memory
-                nxt = 2 * nq
-                for q2 in cutlass.range_constexpr(2 * nq):
-                    v = _ld_v4(w_row_addr[q2] + Int64(kn // 2))
-                    for e in cutlass.range_constexpr(4):
-                        wbuf[(nxt + q2) * 4 + e] = v[e]
-                    sbuf[nxt + q2] = _ld_u16(s_row_addr[q2] + Int64(kn // 16))
-                scl = []
-                for q2 in cutlass.range_constexpr(2 * nq):
-                    scl.append(_scales_to_bf16x2(sbuf[cur + q2]))
-                for i in cutlass.range_constexpr(4):
-                    dec = []
-                    for q2 in cutlass.range_constexpr(2 * nq):
-                        # word i of row (q2 // 2, half q2 % 2), block scale i // 2
-                        dec.append(_decode_word(wbuf[(cur + q2) * 4 + i], scl[q2][i // 2]))
-                    for t in cutlass.range_constexpr(self.num_tiles):
-                        xv = _ld_v4(a_row_addr[t] + Int64(kb * 2 + i * 16))
-                        for q in cutlass.range_constexpr(nq):
-                            dg = dec[2 * q]
-                            d8 = dec[2 * q + 1]
-                            base = 4 * (q * self.num_tiles + t)
-                            # step 0: physical k 8i+{0..3}; step 1: 8i+{4..7} (module docstring)
-                            _mma(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
-                            _mma(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
-                for e in cutlass.range_constexpr(2 * nq * 4):
-                    wbuf[e] = wbuf[nxt * 4 + e]
-                for e in cutlass.range_constexpr(2 * nq):
-                    sbuf[e] = sbuf[nxt + e]
-
+            last = self.k_iters - 1
+            for j in cutlass.range_constexpr(ns - 1):
+                self.load_step(wbuf, sbuf, j, w_lane, s_lane, w_off, s_off,
+                               k_first + min(j, last) * 128)
+            n_outer = (self.k_iters + ns - 1) // ns
+            for o in cutlass.range(n_outer, unroll=1):
+                for j in cutlass.range_constexpr(ns):
+                    it = o * ns + j
+                    nxt = cutlass.min(it + (ns - 1), last)
+                    self.load_step(wbuf, sbuf, (j + ns - 1) % ns, w_lane, s_lane, w_off, s_off,
+                                   k_first + nxt * 128)
+                    if const_expr(self.k_iters % ns == 0):
+                        self.mma_step(acc, wbuf, sbuf, j, a_row_addr, k_first + it * 128)
+                    else:
+                        if it < self.k_iters:
+                            self.mma_step(acc, wbuf, sbuf, j, a_row_addr, k_first + it * 128)
             # deterministic split-K: warps wk > 0 park partial sums, wk == 0 adds them in order
             if const_expr(cfg.warps_k > 1):
                 if wk > 0:
@@ -450,22 +530,74 @@ class W4A16GroupedGemm:
                 self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
                               m0, grp, quad, num_rows)
 
+    def load_step(self, wbuf, sbuf, slot: int, w_lane, s_lane, w_off, s_off, kb):
+        """Issue the loads of the 128-k step at ``kb`` into ring slot ``slot`` (static).
+
+        Plain Python (no ``cute.jit``): it is inlined while the kernel is traced.
+        """
+        nr = 2 * self.num_row_sets
+        wk_addr = w_lane + Int64(kb // 2)
+        sk_addr = s_lane + Int64(kb // 16)
+        for q2 in range(nr):
+            v = _ld_v4_at(wk_addr, w_off[q2])
+            for e in range(4):
+                wbuf[(slot * nr + q2) * 4 + e] = v[e]
+            sbuf[slot * nr + q2] = _ld_u16_at(sk_addr, s_off[q2])
+
+    def mma_step(self, acc, wbuf, sbuf, slot: int, a_row_addr, kb):
+        """Decode ring slot ``slot`` and multiply it with the activations of the step at ``kb``.
+
+        Word i of a lane's 16-byte fragment holds physical k ``32c + 8i .. +7``; MMA step 0
+        takes its codes 0-3, step 1 codes 4-7 (module docstring), B from the same k.
+        """
+        cfg = self.cfg
+        nq = self.num_row_sets
+        nr = 2 * nq
+        scl = []
+        for q2 in range(nr):
+            if cfg.decode == "shift":
+                scl.append(_scales_to_bf16x2_pre(sbuf[slot * nr + q2]))
+            else:
+                scl.append(_scales_to_bf16x2(sbuf[slot * nr + q2]))
+        x_addr = []
+        for t in range(self.num_tiles):
+            x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        for i in range(4):
+            dec = []
+            for q2 in range(nr):
+                wv = wbuf[(slot * nr + q2) * 4 + i]
+                if cfg.decode == "shift":
+                    dec.append(_decode_word_shift(wv, scl[q2][i // 2]))
+                else:
+                    dec.append(_decode_word(wv, scl[q2][i // 2]))
+            for t in range(self.num_tiles):
+                xv = _ld_v4_at(x_addr[t], i * 16)
+                for q in range(nq):
+                    dg = dec[2 * q]
+                    d8 = dec[2 * q + 1]
+                    base = 4 * (q * self.num_tiles + t)
+                    _mma(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
+                    _mma(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
+
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
                  grp, quad, num_rows):
         """C fragment j of column tile t: weight row g + 8 (j // 2), token 8t + 2c + (j % 2)."""
         cfg = self.cfg
         half = cfg.n // 2
+        # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
+        unscale = Float32(128.0 if cfg.decode == "shift" else 1.0)
         for j in cutlass.range_constexpr(cfg.row_groups):
             for t in cutlass.range_constexpr(self.num_tiles):
                 for f in cutlass.range_constexpr(4):
                     token = m0 + t * 8 + quad * 2 + (f % 2)
                     row = row0 + 16 * j + grp + 8 * (f // 2)
                     if token < num_rows:
-                        v = acc[4 * (j * self.num_tiles + t) + f] * w_global[expert, row]
+                        v = acc[4 * (j * self.num_tiles + t) + f] * unscale
+                        v = v * w_global[expert, row]
                         if const_expr(cfg.epilogue == "swiglu"):
                             q_up = cfg.row_groups + j
-                            up = acc[4 * (q_up * self.num_tiles + t) + f]
+                            up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
                             up = up * w_global[expert, row + half]
                             gate = cutlass.min(v, swiglu_limit)
                             up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
