@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 
 import torch
-from collections.abc import Callable
 
 __all__ = ["CUDA_KERNELS", "cuda_kernel", "describe", "forced_reference"]
 

@@ -210,13 +210,11 @@ def _ld_u16(addr: Int64):
     )
 
 
-@cute.jit
-def _scales_to_bf16x2(two_scales: Int32):
-    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice).
-
-    e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
-    """
-    return inline_ptx(
+def _scales_ptx(prescale: str) -> str:
+    """PTX: two e4m3 bytes (low 16 bits of $r0) -> two bf16x2 words, each holding one scale
+    twice, optionally multiplied in fp32 by the power of two ``prescale`` (hex fp32 literal)."""
+    mul = (f"mul.f32 f0, f0, {prescale};\n" f"mul.f32 f1, f1, {prescale};\n") if prescale else ""
+    return (
         "{\n"
         ".reg .b16 s16, h0, h1;\n"
         ".reg .b32 hh;\n"
@@ -226,12 +224,21 @@ def _scales_to_bf16x2(two_scales: Int32):
         "mov.b32 {h0, h1}, hh;\n"
         "cvt.f32.f16 f0, h0;\n"
         "cvt.f32.f16 f1, h1;\n"
-        "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
+        + mul
+        + "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
         "cvt.rn.bf16x2.f32 {$w1}, f1, f1;\n"
-        "}",
-        write_only_types=[Int32, Int32],
-        read_only_args=[two_scales],
+        "}"
     )
+
+
+@cute.jit
+def _scales_to_bf16x2(two_scales: Int32):
+    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice).
+
+    e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
+    """
+    return inline_ptx(_scales_ptx(""), write_only_types=[Int32, Int32],
+                      read_only_args=[two_scales])
 
 
 def _ld_v4_at(addr: Int64, offset: int):
@@ -257,24 +264,8 @@ def _scales_to_bf16x2_pre(two_scales: Int32):
 
     ``scale * 2^119`` is exact in fp32 and in bf16 (e4m3 max 448 < 2^9, so < 2^128).
     """
-    return inline_ptx(
-        "{\n"
-        ".reg .b16 s16, h0, h1;\n"
-        ".reg .b32 hh;\n"
-        ".reg .f32 f0, f1;\n"
-        "cvt.u16.u32 s16, {$r0};\n"
-        "cvt.rn.f16x2.e4m3x2 hh, s16;\n"
-        "mov.b32 {h0, h1}, hh;\n"
-        "cvt.f32.f16 f0, h0;\n"
-        "cvt.f32.f16 f1, h1;\n"
-        "mul.f32 f0, f0, 0f7B000000;\n"
-        "mul.f32 f1, f1, 0f7B000000;\n"
-        "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
-        "cvt.rn.bf16x2.f32 {$w1}, f1, f1;\n"
-        "}",
-        write_only_types=[Int32, Int32],
-        read_only_args=[two_scales],
-    )
+    return inline_ptx(_scales_ptx("0f7B000000"), write_only_types=[Int32, Int32],
+                      read_only_args=[two_scales])
 
 
 def _decode_word_shift(word: Int32, scale2: Int32):
