@@ -71,7 +71,16 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
-from cutlass.cute.arch import inline_ptx
+
+from nvfp4_ops.kernels.cute.fp4_ptx import (
+    decode_word_lut,
+    decode_word_shift,
+    ld_u16_at,
+    ld_v4_at,
+    mma_m16n8k16,
+    scales_to_bf16x2,
+    scales_to_bf16x2_pre,
+)
 
 __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
 
@@ -83,9 +92,6 @@ DECODES = ("shift", "lut")
 #: expert segment to a multiple of the one it uses.
 BLOCK_MS = (8, 16, 32, 64)
 
-# bf16 bytes of the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, as prmt tables (entry j = byte j)
-_LUT_LO_A, _LUT_LO_B = 0xC0800000, 0xC0804000
-_LUT_HI_A, _LUT_HI_B = 0x3F3F3F00, 0x40404040
 
 
 @dataclass(frozen=True)
@@ -183,191 +189,6 @@ def choose_config(
     stages = 2
     return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k, row_groups,
                       stages)
-
-
-# --------------------------------------------------------------------------------------------
-# PTX building blocks
-# --------------------------------------------------------------------------------------------
-
-
-@cute.jit
-def _ld_v4(addr: Int64):
-    """16-byte read-only global load (address must be 16-byte aligned)."""
-    return inline_ptx(
-        "ld.global.nc.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[addr],
-    )
-
-
-@cute.jit
-def _ld_u16(addr: Int64):
-    """2-byte read-only global load, zero-extended to 32 bits."""
-    return inline_ptx(
-        "ld.global.nc.u16 {$w0}, [{$r0}];",
-        write_only_types=[Int32],
-        read_only_args=[addr],
-    )
-
-
-def _scales_ptx(prescale: str) -> str:
-    """PTX: two e4m3 bytes (low 16 bits of $r0) -> two bf16x2 words, each holding one scale
-    twice, optionally multiplied in fp32 by the power of two ``prescale`` (hex fp32 literal)."""
-    mul = (f"mul.f32 f0, f0, {prescale};\n" f"mul.f32 f1, f1, {prescale};\n") if prescale else ""
-    return (
-        "{\n"
-        ".reg .b16 s16, h0, h1;\n"
-        ".reg .b32 hh;\n"
-        ".reg .f32 f0, f1;\n"
-        "cvt.u16.u32 s16, {$r0};\n"
-        "cvt.rn.f16x2.e4m3x2 hh, s16;\n"
-        "mov.b32 {h0, h1}, hh;\n"
-        "cvt.f32.f16 f0, h0;\n"
-        "cvt.f32.f16 f1, h1;\n"
-        + mul
-        + "cvt.rn.bf16x2.f32 {$w0}, f0, f0;\n"
-        "cvt.rn.bf16x2.f32 {$w1}, f1, f1;\n"
-        "}"
-    )
-
-
-@cute.jit
-def _scales_to_bf16x2(two_scales: Int32):
-    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice).
-
-    e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
-    """
-    return inline_ptx(_scales_ptx(""), write_only_types=[Int32, Int32],
-                      read_only_args=[two_scales])
-
-
-def _ld_v4_at(addr: Int64, offset: int):
-    """16-byte read-only global load at ``addr + offset`` (static byte offset, 16-B aligned)."""
-    return inline_ptx(
-        f"ld.global.nc.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[addr],
-    )
-
-
-def _ld_u16_at(addr: Int64, offset: int):
-    """2-byte read-only global load at ``addr + offset``, zero-extended to 32 bits."""
-    return inline_ptx(
-        f"ld.global.nc.u16 {{$w0}}, [{{$r0}}+{offset}];",
-        write_only_types=[Int32],
-        read_only_args=[addr],
-    )
-
-
-def _scales_to_bf16x2_pre(two_scales: Int32):
-    """Like :func:`_scales_to_bf16x2`, times 2^119 (for the ``shift`` decoder).
-
-    ``scale * 2^119`` is exact in fp32 and in bf16 (e4m3 max 448 < 2^9, so < 2^128).
-    """
-    return inline_ptx(_scales_ptx("0f7B000000"), write_only_types=[Int32, Int32],
-                      read_only_args=[two_scales])
-
-
-def _decode_word_shift(word: Int32, scale2: Int32):
-    """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 pairs (codes 2j, 2j+1) * scale * 2^-7.
-
-    Pair j: a byte permute puts code 2j in bits 12-15 and code 2j+1 in bits 28-31 (byte j of
-    ``word << 4`` and of ``word``); then the sign bits stay (bit 15 / 31) and the 3 magnitude
-    bits move right by 6 into the low exponent bits + top mantissa bit of each bf16. That bf16
-    is exactly ``e2m1 * 2^-126`` (code 1 = 0.5 becomes the subnormal 2^-127; bf16 arithmetic
-    keeps subnormals). ``scale2`` holds ``scale * 2^119`` (:func:`_scales_to_bf16x2_pre`), so
-    the product is exactly ``e2m1 * scale * 2^-7`` (all normal bf16 values); the epilogue
-    multiplies the fp32 accumulator by 2^7 (exact). Same pairs, same k order as ``lut``.
-    """
-    body = ["{\n", ".reg .b32 q4, r, t;\n", "shl.b32 q4, {$r0}, 4;\n"]
-    for j in range(4):
-        sel = (j << 12) | (j << 8) | ((4 + j) << 4) | j
-        body += [
-            f"prmt.b32 r, {{$r0}}, q4, {sel:#06x};\n",
-            "and.b32 t, r, 0x70007000;\n",
-            "shr.u32 t, t, 6;\n",
-            "and.b32 r, r, 0x80008000;\n",
-            "or.b32 r, r, t;\n",
-            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
-        ]
-    body.append("}")
-    return inline_ptx(
-        "".join(body),
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[word, scale2],
-    )
-
-
-@cute.jit
-def _decode_word(word: Int32, scale2: Int32):
-    """8 e2m1 codes (one u32, code j in nibble j) -> 4 bf16x2 pairs (codes 2j, 2j+1) * scale.
-
-    Magnitude via two prmt table lookups (low byte, high byte of the bf16), interleaved by a
-    third prmt; the sign of code 2j / 2j+1 (bit 8j+3 / 8j+7 of the word) is moved to bit 15 / 31
-    by a prmt of (signs << 4, signs). The final bf16x2 multiply by the block scale is exact.
-    """
-    return inline_ptx(
-        "{\n"
-        ".reg .b32 la, lb, ha, hb, sl, sh, l0, h0, l1, h1, sg, sg4, t, p;\n"
-        f"mov.b32 la, {_LUT_LO_A};\n"
-        f"mov.b32 lb, {_LUT_LO_B};\n"
-        f"mov.b32 ha, {_LUT_HI_A};\n"
-        f"mov.b32 hb, {_LUT_HI_B};\n"
-        "and.b32 sl, {$r0}, 0x7777;\n"
-        "shr.b32 sh, {$r0}, 16;\n"
-        "and.b32 sh, sh, 0x7777;\n"
-        "prmt.b32 l0, la, lb, sl;\n"
-        "prmt.b32 h0, ha, hb, sl;\n"
-        "prmt.b32 l1, la, lb, sh;\n"
-        "prmt.b32 h1, ha, hb, sh;\n"
-        "and.b32 sg, {$r0}, 0x88888888;\n"
-        "shl.b32 sg4, sg, 4;\n"
-        # pair 0: codes 0, 1 (byte 0 of the word)
-        "prmt.b32 p, l0, h0, 0x5140;\n"
-        "prmt.b32 t, sg4, sg, 0x4000;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w0}, p, {$r1};\n"
-        # pair 1: codes 2, 3 (byte 1)
-        "prmt.b32 p, l0, h0, 0x7362;\n"
-        "prmt.b32 t, sg4, sg, 0x5010;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w1}, p, {$r1};\n"
-        # pair 2: codes 4, 5 (byte 2)
-        "prmt.b32 p, l1, h1, 0x5140;\n"
-        "prmt.b32 t, sg4, sg, 0x6020;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w2}, p, {$r1};\n"
-        # pair 3: codes 6, 7 (byte 3)
-        "prmt.b32 p, l1, h1, 0x7362;\n"
-        "prmt.b32 t, sg4, sg, 0x7030;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w3}, p, {$r1};\n"
-        "}",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[word, scale2],
-    )
-
-
-@cute.jit
-def _mma(acc: cute.Tensor, base: int, a0, a1, a2, a3, b0, b1):
-    """acc[base:base+4] += A(16x16 bf16) @ B(16x8 bf16), mma.sync m16n8k16, fp32 accumulate."""
-    d0, d1, d2, d3 = inline_ptx(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, "
-        "{{$r6}, {$r7}, {$r8}, {$r9}};",
-        write_only_types=[Float32, Float32, Float32, Float32],
-        read_only_args=[
-            a0, a1, a2, a3, b0, b1, acc[base], acc[base + 1], acc[base + 2], acc[base + 3]
-        ],
-    )
-    acc[base] = d0
-    acc[base + 1] = d1
-    acc[base + 2] = d2
-    acc[base + 3] = d3
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,10 +351,10 @@ class W4A16GroupedGemm:
         wk_addr = w_lane + Int64(kb // 2)
         sk_addr = s_lane + Int64(kb // 16)
         for q2 in range(nr):
-            v = _ld_v4_at(wk_addr, w_off[q2])
+            v = ld_v4_at(wk_addr, w_off[q2])
             for e in range(4):
                 wbuf[(slot * nr + q2) * 4 + e] = v[e]
-            sbuf[slot * nr + q2] = _ld_u16_at(sk_addr, s_off[q2])
+            sbuf[slot * nr + q2] = ld_u16_at(sk_addr, s_off[q2])
 
     def mma_step(self, acc, wbuf, sbuf, slot: int, a_row_addr, kb):
         """Decode ring slot ``slot`` and multiply it with the activations of the step at ``kb``.
@@ -547,9 +368,9 @@ class W4A16GroupedGemm:
         scl = []
         for q2 in range(nr):
             if cfg.decode == "shift":
-                scl.append(_scales_to_bf16x2_pre(sbuf[slot * nr + q2]))
+                scl.append(scales_to_bf16x2_pre(sbuf[slot * nr + q2]))
             else:
-                scl.append(_scales_to_bf16x2(sbuf[slot * nr + q2]))
+                scl.append(scales_to_bf16x2(sbuf[slot * nr + q2]))
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
@@ -558,17 +379,17 @@ class W4A16GroupedGemm:
             for q2 in range(nr):
                 wv = wbuf[(slot * nr + q2) * 4 + i]
                 if cfg.decode == "shift":
-                    dec.append(_decode_word_shift(wv, scl[q2][i // 2]))
+                    dec.append(decode_word_shift(wv, scl[q2][i // 2]))
                 else:
-                    dec.append(_decode_word(wv, scl[q2][i // 2]))
+                    dec.append(decode_word_lut(wv, scl[q2][i // 2]))
             for t in range(self.num_tiles):
-                xv = _ld_v4_at(x_addr[t], i * 16)
+                xv = ld_v4_at(x_addr[t], i * 16)
                 for q in range(nq):
                     dg = dec[2 * q]
                     d8 = dec[2 * q + 1]
                     base = 4 * (q * self.num_tiles + t)
-                    _mma(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
-                    _mma(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
+                    mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
+                    mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
 
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
