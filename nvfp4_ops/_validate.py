@@ -9,13 +9,15 @@ Two levels:
 * ``check_*_values`` read data (expert ids in range, global scales finite and positive).
   Reading a CUDA tensor is a host sync, so they are skipped while a CUDA graph is being
   captured, and can be switched off with ``NVFP4_OPS_VALUE_CHECKS=0`` (or
-  :func:`set_value_checks`). The kernels never trust them: ids outside the local range are
-  dropped by the routing code, so a skipped check cannot crash a kernel.
+  :func:`set_value_checks`). Each check costs at most one sync, and global scales that
+  passed once are not read again until modified. The kernels never trust them: ids outside
+  the local range are dropped by the routing code, so a skipped check cannot crash a kernel.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -238,19 +240,63 @@ def check_moe_meta(
     expect_contiguous(op, named)
 
 
+#: Global scales already found valid: id -> (weakref, data_ptr, version). Weights are static, so
+#: after the first eager call a layer's scales cost no device read (and no host sync) again;
+#: an in-place update bumps the version and re-checks, a freed tensor drops its entry.
+_VERIFIED_SCALES: dict[int, tuple] = {}
+
+
+def tensor_version(t: torch.Tensor) -> int | None:
+    """``t._version``, or None for inference-mode tensors (they keep no version counter, so
+    nothing keyed on their contents may be cached)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _verified(t: torch.Tensor) -> bool:
+    hit = _VERIFIED_SCALES.get(id(t))
+    if hit is None or hit[0]() is not t:
+        return False
+    version = tensor_version(t)
+    return version is not None and hit[1] == t.data_ptr() and hit[2] == version
+
+
+def _mark_verified(t: torch.Tensor) -> None:
+    version = tensor_version(t)
+    if version is None:
+        return
+    key = id(t)
+    ref = weakref.ref(t, lambda _: _VERIFIED_SCALES.pop(key, None))
+    _VERIFIED_SCALES[key] = (ref, t.data_ptr(), version)
+
+
 def check_global_scale_values(op: str, named: dict[str, torch.Tensor]) -> None:
-    """Global scales must be finite and > 0 (a zero scale silently zeroes a layer)."""
-    for name, t in named.items():
-        if not value_checks_enabled(t) or t.numel() == 0:
-            continue
-        bad = ~(torch.isfinite(t) & (t > 0))
-        if bool(bad.any()):
-            idx = torch.nonzero(bad)[0].tolist()
-            where = f" at index {tuple(idx)}" if idx else ""
-            raise NVFP4InputError(
-                f"{op}: {name} must be finite and > 0, got {t[tuple(idx)].item()}{where} "
-                f"({int(bad.sum())} bad of {t.numel()})"
-            )
+    """Global scales must be finite and > 0 (a zero scale silently zeroes a layer).
+
+    All tensors are checked with one device read (one host sync on CUDA); tensors that passed
+    before and were not modified since are skipped (:data:`_VERIFIED_SCALES`).
+    """
+    todo = {
+        name: t for name, t in named.items()
+        if value_checks_enabled(t) and t.numel() > 0 and not _verified(t)
+    }
+    if not todo:
+        return
+    flags = [(~(torch.isfinite(t) & (t > 0))).any() for t in todo.values()]
+    if bool(torch.stack(flags).any()):
+        for name, t in todo.items():
+            bad = ~(torch.isfinite(t) & (t > 0))
+            if bool(bad.any()):
+                idx = torch.nonzero(bad)[0].tolist()
+                where = f" at index {tuple(idx)}" if idx else ""
+                raise NVFP4InputError(
+                    f"{op}: {name} must be finite and > 0, got {t[tuple(idx)].item()}{where} "
+                    f"({int(bad.sum())} bad of {t.numel()})"
+                )
+    for t in todo.values():
+        _mark_verified(t)
 
 
 def check_topk_ids_values(op: str, topk_ids: torch.Tensor, num_global_experts: int) -> None:
@@ -261,8 +307,7 @@ def check_topk_ids_values(op: str, topk_ids: torch.Tensor, num_global_experts: i
     """
     if not value_checks_enabled(topk_ids) or topk_ids.numel() == 0:
         return
-    lo = int(topk_ids.min())
-    hi = int(topk_ids.max())
+    lo, hi = torch.stack([topk_ids.min(), topk_ids.max()]).tolist()  # one host sync
     if lo < 0 or (num_global_experts > 0 and hi >= num_global_experts):
         bound = f"[0, {num_global_experts})" if num_global_experts > 0 else ">= 0"
         raise NVFP4InputError(

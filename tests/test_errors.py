@@ -160,3 +160,30 @@ def test_errors_surface_at_compile_time(lin):
                                                   bad["global_scale"]), fullgraph=True)
     with pytest.raises(Exception, match=r"weight must have shape \[N, K/2\]"):
         fn(lin["x"])
+
+
+def test_verified_global_scale_rechecked_after_in_place_change(lin):
+    """Scales that passed are cached (no device read per call) until modified in place."""
+    g = lin["global_scale"].clone()
+    args = {**lin, "global_scale": g}
+    _linear(args)  # passes, and marks g verified
+    g.zero_()  # bumps the version counter: the next call must look again
+    with pytest.raises(NVFP4InputError, match=r"global_scale must be finite and > 0, got 0.0"):
+        _linear(args)
+
+
+def test_inference_mode_tensors_are_checked_every_call(lin, moe_args):
+    """Inference tensors have no version counter: never cached, always checked, no crash."""
+    with torch.inference_mode():
+        g = lin["global_scale"].clone()
+        args = {**lin, "global_scale": g}
+        _linear(args)
+        g.fill_(math.nan)
+        with pytest.raises(NVFP4InputError, match=r"global_scale must be finite and > 0"):
+            _linear(args)
+        moe = {**moe_args, "w13_global": moe_args["w13_global"].clone(),
+               "w2_global": moe_args["w2_global"].clone()}
+        assert torch.isfinite(_moe(moe).float()).all()
+        moe["w2_global"][1] = 0.0
+        with pytest.raises(NVFP4InputError, match=r"w2_global must be finite and > 0"):
+            _moe(moe)

@@ -317,3 +317,18 @@ def test_row_globals_cache_follows_in_place_updates():
     key = id(w13_global)
     del w13_global
     assert key not in moe_cuda._ROW_GLOBALS
+
+
+def test_row_globals_with_inference_tensors_are_never_cached():
+    """Inference-mode tensors keep no version counter: expanded on every call, no crash."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    with torch.inference_mode():
+        w13_global = torch.rand(4, 2) + 0.5
+        w2_global = torch.rand(4) + 0.5
+        first13, first2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
+        assert torch.equal(first13[:, 3:], w13_global[:, 1:].expand(4, 3))
+        assert id(w13_global) not in moe_cuda._ROW_GLOBALS
+        w2_global.mul_(2)
+        _, new2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
+        assert torch.equal(new2, 2 * first2)

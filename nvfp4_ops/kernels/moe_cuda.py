@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import torch
 
+from nvfp4_ops._validate import tensor_version
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
@@ -90,13 +91,17 @@ def _row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
     Expanding costs two launches and ~10 µs per call on H200 (V4-Flash, 8 MB written; measured
     by ``bench_moe.py --sweep``: 10.6 µs of a 93 µs T = 1 call), so the result is cached per
     layer, keyed on the identity and version counter of both scale tensors (an in-place update
-    bumps the version and recomputes; a freed tensor drops its entry). The cache is filled only
+    bumps the version and recomputes; a freed tensor drops its entry; inference-mode tensors
+    have no version counter and are expanded on every call). The cache is filled only
     outside CUDA-graph capture: under capture a miss is computed inside the graph, so a replay
     never reads values that were not written.
     """
+    v13, v2 = tensor_version(w13_global), tensor_version(w2_global)
+    if v13 is None or v2 is None:  # inference tensors: no version counter, so never cache
+        return _expand_row_globals(w13_global, w2_global, inter, hidden_size)
     key = id(w13_global)
     hit = _ROW_GLOBALS.get(key)
-    versions = (w13_global._version, w2_global._version, inter, hidden_size)
+    versions = (v13, v2, inter, hidden_size)
     if hit is not None:
         ref13, ref2, cached_versions, w13_rows, w2_rows = hit
         if ref13() is w13_global and ref2() is w2_global and cached_versions == versions:
