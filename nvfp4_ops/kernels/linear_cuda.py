@@ -8,6 +8,7 @@ shapes only, launches on torch's current stream (tvm-ffi reads it at call time).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 
 import torch
@@ -24,15 +25,50 @@ __all__ = [
     "variants_for_shapes",
 ]
 
-_BLOCK_MS = (8, 16, 32, 64)  # == w4a16_gemm.BLOCK_MS (kept here so no cutlass import is needed)
+#: Kernel family (module under ``nvfp4_ops.kernels.cute``) per token tile ``block_m``. Every
+#: family exposes the same call interface (see ``w4a16_gemm.W4A16GroupedGemm``) plus
+#: ``choose_config``, ``compile_gemm`` and ``supported``; a shape a family does not cover runs
+#: on the ``mma.sync`` kernel (``w4a16_gemm``), which covers every ``N_out % 16, K % 128``.
+_FAMILY_FOR_BLOCK_M = {8: "w4a16_gemm", 16: "w4a16_gemm", 32: "w4a16_gemm", 64: "w4a16_gemm"}
+_FALLBACK = "w4a16_gemm"
+_BLOCK_MS = tuple(sorted(_FAMILY_FOR_BLOCK_M))
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
-def _gemm_module():
+def _kernel_module(name: str):
     _compile.ensure_cutlass_env()
-    from nvfp4_ops.kernels.cute import w4a16_gemm
+    return importlib.import_module(f"nvfp4_ops.kernels.cute.{name}")
 
-    return w4a16_gemm
+
+def _gemm_module():
+    return _kernel_module(_FALLBACK)
+
+
+def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
+                  has_bias: bool = False, grouped: bool = False):
+    """The kernel config for a GEMM problem: the family registered for ``block_m`` when it
+    covers the shape, else the ``mma.sync`` kernel (same ``block_m`` when it has it, else
+    its largest tile; only for dense problems, where any tile is valid). Static sizes only."""
+    n_out = n // 2 if epilogue == "swiglu" else n
+    mod = _kernel_module(_FAMILY_FOR_BLOCK_M[block_m])
+    if mod.supported(n_out, k):
+        return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped)
+    fallback = _gemm_module()
+    if block_m not in fallback.BLOCK_MS:
+        if grouped:
+            raise ValueError(f"no kernel covers grouped N_out={n_out}, K={k} at block_m={block_m}")
+        block_m = max(fallback.BLOCK_MS)
+    return fallback.choose_config(n, k, block_m, epilogue, has_bias, grouped)
+
+
+def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
+    """Whether a grouped GEMM with token tile ``block_m`` covers ``(N_out, K)`` (the MoE
+    routing pads expert segments to ``block_m``, so a grouped tile cannot be swapped)."""
+    mod = _kernel_module(_FAMILY_FOR_BLOCK_M[block_m])
+    if mod.supported(n_out, k):
+        return True
+    fallback = _gemm_module()
+    return block_m in fallback.BLOCK_MS and fallback.supported(n_out, k)
 
 
 def block_m_for_tokens(num_tokens: int) -> int:
@@ -49,8 +85,10 @@ def supported(n_out: int, k: int) -> bool:
 
 
 def compiled_gemm(cfg):
-    """The binary for a :class:`~nvfp4_ops.kernels.cute.w4a16_gemm.GemmConfig` (cached)."""
-    mod = _gemm_module()
+    """The binary for a kernel config of any family (cached; the family is the module that
+    defines the config's class)."""
+    _compile.ensure_cutlass_env()
+    mod = importlib.import_module(type(cfg).__module__)
     return _compile.get_compiled(cfg, lambda: mod.compile_gemm(cfg))
 
 
@@ -97,7 +135,7 @@ def grouped_w4a16_gemm(
             ``[0, N/2)``, up rows ``[N/2, N)``; ``silu(min(gate, L)) * clamp(up, -L, L)`` in fp32),
             ``"row_scale"`` (``* row_scale[p]``, fp32 ``[P]``).
         swiglu_limit: ``L`` or None (no clamp).
-        block_m: token tile, one of (8, 16, 32, 64); static.
+        block_m: token tile, a key of ``_FAMILY_FOR_BLOCK_M``; static.
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -124,8 +162,7 @@ def grouped_w4a16_gemm(
         raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
     if num_rows == 0:
         return
-    mod = _gemm_module()
-    cfg = mod.choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None)
+    cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None)
     fn = compiled_gemm(cfg)
     dev = a.device
     if w_scale.dtype != torch.uint8:
@@ -194,7 +231,6 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
     grouped gate/up (``swiglu``) and down (``row_scale``) GEMMs), for every token tile."""
     from nvfp4_ops.shapes import get_shape
 
-    mod = _gemm_module()
     seen: dict[str, object] = {}
     for name in shapes:
         s = get_shape(name)
@@ -212,7 +248,9 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
             if not supported(n_out, k):
                 continue
             for bm in _BLOCK_MS:
-                cfg = mod.choose_config(n, k, bm, epi, False, grouped)
+                if grouped and not grouped_supported(n_out, k, bm):
+                    continue
+                cfg = choose_config(n, k, bm, epi, False, grouped)
                 seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 
