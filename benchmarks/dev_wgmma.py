@@ -1,0 +1,344 @@
+"""Dev check + timing of the WGMMA W4A16 kernel (``nvfp4_ops/kernels/cute/w4a16_wgmma.py``).
+
+One call on an H200 does:
+
+1. a smoke run in a child process (a pipeline deadlock kills only the child);
+2. correctness against the exact fp32 reference of the dequantized weights on fresh random
+   data, outputs NaN-poisoned first (unwritten rows fail), rows past ``P`` must stay NaN:
+   dense ``none`` at several M for (4096, 4096), (7168, 18432), (18432, 7168), ``none + bias``,
+   and grouped ``swiglu`` / ``row_scale`` at the V4-Flash MoE shapes with skipped tiles;
+3. timing (CUDA graph of ``reps`` calls rotating over weight copies, so L2 is cold; CUDA
+   events; median of several replays) of ours vs bf16 ``torch.matmul`` (dense) and vs bf16
+   ``torch._grouped_mm`` (+ SwiGLU) with the same rows per expert (MoE GEMM pair).
+
+Error bound as ``tests/test_linear_gpu.py``: rel L2 <= 1.05 * (bf16 rounding of the reference)
++ 1e-5, and every element within 1 bf16 ulp (+ 1e-5 * max) of the reference.
+
+Run: ``python benchmarks/dev_wgmma.py [--quick]``; prints a table, writes JSON to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from nvfp4_ops import _compile
+
+_compile.ensure_cutlass_env()
+
+from nvfp4_ops.kernels.cute import w4a16_wgmma as wg  # noqa: E402
+from nvfp4_ops.reference import linear_fp32  # noqa: E402
+from nvfp4_ops.reference.mlp import clamped_swiglu  # noqa: E402
+
+DENSE = [(4096, 4096), (7168, 18432), (18432, 7168)]
+MS = [64, 128, 199, 1024, 8192]
+_fns: dict[str, object] = {}
+
+
+def compiled(cfg):
+    fn = _fns.get(cfg.name)
+    if fn is None:
+        t = time.time()
+        fn = wg.compile_gemm(cfg)
+        _fns[cfg.name] = fn
+        print(f"  compiled {cfg.name} in {time.time() - t:.1f} s", flush=True)
+    return fn
+
+
+def random_nvfp4(groups, n, k, gen):
+    w = torch.randint(0, 256, (groups, n, k // 2), dtype=torch.uint8, device="cuda",
+                      generator=gen)
+    sc = (torch.rand(groups, n, k // 16, device="cuda", generator=gen) * 3.0 + 2.0**-9)
+    w_scale = sc.to(torch.float8_e4m3fn)
+    w_global = torch.rand(groups, n, device="cuda", generator=gen) * 0.01 + 1e-3
+    return w, w_scale, w_global
+
+
+def dummies():
+    return (torch.zeros(1, dtype=torch.int32, device="cuda"),
+            torch.zeros(1, dtype=torch.float32, device="cuda"),
+            torch.zeros(1, dtype=torch.bfloat16, device="cuda"))
+
+
+def call(cfg, a, w, w_scale, w_global, out, tile_expert=None, row_scale=None, bias=None,
+         limit=float("inf")):
+    d_te, d_rs, d_b = dummies() if not hasattr(call, "d") else call.d
+    call.d = (d_te, d_rs, d_b)
+    compiled(cfg)(a, w, w_scale.view(torch.uint8), w_global, out,
+                  d_te if tile_expert is None else tile_expert,
+                  d_rs if row_scale is None else row_scale,
+                  d_b if bias is None else bias, limit)
+
+
+def errors(out, ref):
+    ref = ref.float()
+    out = out.float()
+    nan = torch.isnan(out).any().item()
+    norm = ref.norm().clamp_min(1e-30)
+    err = ((out - ref).norm() / norm).item()
+    err_round = ((ref.to(torch.bfloat16).float() - ref).norm() / norm).item()
+    tol = ref.abs() * 2.0**-7 + ref.abs().max() * 1e-5
+    bad = ((out - ref).abs() > tol).sum().item()
+    ok = (not nan) and err <= err_round * 1.05 + 1e-5 and bad == 0
+    return ok, err, err_round, bad, nan
+
+
+# ------------------------------------------------------------------------------ correctness
+
+
+def check_dense(results, cfgs_for, gen):
+    for n, k in DENSE:
+        w, w_scale, w_global = random_nvfp4(1, n, k, gen)
+        for m in MS:
+            x = torch.randn(m + 3, k, device="cuda", generator=gen).to(torch.bfloat16)[:m]
+            ref = linear_fp32(x, w[0], w_scale[0], w_global[0])
+            for cfg in cfgs_for(n, k, m):
+                out = torch.full((m + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                call(cfg, x, w, w_scale, w_global, out)
+                torch.cuda.synchronize()
+                ok, err, er, bad, nan = errors(out[:m], ref)
+                tail_ok = torch.isnan(out[m:]).all().item()
+                ok = ok and tail_ok
+                results.append(dict(kind="check", cfg=cfg.name, m=m, ok=ok, err=err,
+                                    err_round=er, bad=bad))
+                print(f"  {'ok  ' if ok else 'FAIL'} {cfg.name:58s} M={m:5d} relL2 {err:.2e} "
+                      f"(round {er:.2e}) bad {bad} tail_untouched {tail_ok}", flush=True)
+    # bias
+    n, k = 4096, 4096
+    w, w_scale, w_global = random_nvfp4(1, n, k, gen)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    for m in (77, 300):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = linear_fp32(x, w[0], w_scale[0], w_global[0]) + bias.float()
+        cfg = wg.choose_config(n, k, 128, "none", True, False)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        call(cfg, x, w, w_scale, w_global, out, bias=bias)
+        torch.cuda.synchronize()
+        ok, err, er, bad, nan = errors(out, ref)
+        results.append(dict(kind="check", cfg=cfg.name, m=m, ok=ok, err=err, bad=bad))
+        print(f"  {'ok  ' if ok else 'FAIL'} {cfg.name:58s} M={m:5d} relL2 {err:.2e} "
+              f"(round {er:.2e}) bad {bad}", flush=True)
+
+
+def check_grouped(results, gen, block_ms):
+    groups, h, inter = 5, 4096, 2048
+    w13, w13s, w13g = random_nvfp4(groups, 2 * inter, h, gen)
+    w2, w2s, w2g = random_nvfp4(groups, h, inter, gen)
+    limit = 7.0
+    for bm in block_ms:
+        tile_expert = torch.tensor([2, -1, 0, 4, 1, -1, 3], dtype=torch.int32, device="cuda")
+        rows = tile_expert.numel() * bm - 5
+        a = torch.randn(rows, h, device="cuda", generator=gen).to(torch.bfloat16)
+        act = torch.randn(rows, inter, device="cuda", generator=gen).to(torch.bfloat16)
+        row_scale = torch.rand(rows, device="cuda", generator=gen)
+        cfg1 = wg.choose_config(2 * inter, h, bm, "swiglu", False, True)
+        cfg2 = wg.choose_config(h, inter, bm, "row_scale", False, True)
+        out1 = torch.full((rows, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out2 = torch.full((rows, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+        call(cfg1, a, w13, w13s, w13g, out1, tile_expert=tile_expert, limit=limit)
+        call(cfg2, act, w2, w2s, w2g, out2, tile_expert=tile_expert, row_scale=row_scale)
+        torch.cuda.synchronize()
+        ok1 = ok2 = True
+        worst1 = worst2 = 0.0
+        for t, e in enumerate(tile_expert.tolist()):
+            sl = slice(t * bm, min((t + 1) * bm, rows))
+            if e < 0:
+                ok1 &= torch.isnan(out1[sl]).all().item()
+                ok2 &= torch.isnan(out2[sl]).all().item()
+                continue
+            r1 = linear_fp32(a[sl], w13[e], w13s[e], w13g[e])
+            ref1 = clamped_swiglu(r1[:, :inter], r1[:, inter:], limit)
+            o1 = out1[sl].float()
+            e1 = ((o1 - ref1).norm() / ref1.norm()).item()
+            worst1 = max(worst1, e1)
+            ok1 &= (not torch.isnan(o1).any().item()) and e1 < 4e-3
+            ref2 = linear_fp32(act[sl], w2[e], w2s[e], w2g[e]) * row_scale[sl, None]
+            ok, err, er, bad, nan = errors(out2[sl], ref2)
+            worst2 = max(worst2, err)
+            ok2 &= ok
+        for cfg, ok, worst in ((cfg1, ok1, worst1), (cfg2, ok2, worst2)):
+            results.append(dict(kind="check", cfg=cfg.name, m=rows, ok=bool(ok), err=worst))
+            print(f"  {'ok  ' if ok else 'FAIL'} {cfg.name:58s} P={rows:5d} worst relL2 "
+                  f"{worst:.2e} (skipped tiles untouched checked)", flush=True)
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def time_graph(fns, reps, replays=7):
+    """Median device time per call of ``fns`` (called round-robin, ``reps`` per graph)."""
+    fns[0]()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def bench_dense(results, gen, cases):
+    for n, k in [(7168, 18432), (18432, 7168)]:
+        copies = 3
+        ws = [random_nvfp4(1, n, k, gen) for _ in range(copies)]
+        wb = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+              for _ in range(2)]
+        for m, cfgs in cases:
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            reps = 20 if m <= 1024 else 4
+            t_bf16 = time_graph([functools.partial(torch.matmul, x, b.t()) for b in wb], reps)
+            flops = 2.0 * m * n * k
+            print(f"  bf16 matmul   N={n} K={k} M={m:5d}: {t_bf16:8.1f} us "
+                  f"{flops / t_bf16 / 1e6:6.0f} TFLOP/s", flush=True)
+            for cfg in cfgs:
+                cfg = wg.WgmmaConfig(n, k, "none", False, False, *cfg)
+                compiled(cfg)
+                fns = [functools.partial(call, cfg, x, c[0], c[1], c[2], out) for c in ws]
+                t = time_graph(fns, reps)
+                wbytes = n * k * 9 / 16
+                row = dict(kind="dense", n=n, k=k, m=m, cfg=cfg.name, us=t, bf16_us=t_bf16,
+                           tflops=flops / t / 1e6, tbps=wbytes / t / 1e6, speedup=t_bf16 / t)
+                results.append(row)
+                print(f"  ours {cfg.name:58s} M={m:5d}: {t:8.1f} us {row['tflops']:6.0f} "
+                      f"TFLOP/s {row['tbps']:5.2f} TB/s  x{row['speedup']:.2f} vs bf16",
+                      flush=True)
+        del ws, wb
+        torch.cuda.empty_cache()
+
+
+def _bf16_pair(xb, w13b, w2b, offs, inter):
+    y = torch._grouped_mm(xb, w13b, offs=offs)
+    act = torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+    return torch._grouped_mm(act, w2b, offs=offs)
+
+
+def bench_moe(results, gen, token_counts):
+    e, h, inter, top_k = 256, 4096, 2048, 6
+    w13, w13s, w13g = random_nvfp4(e, 2 * inter, h, gen)
+    w2, w2s, w2g = random_nvfp4(e, h, inter, gen)
+    w13b = torch.randn(e, h, 2 * inter, device="cuda", generator=gen).to(torch.bfloat16)
+    w2b = torch.randn(e, inter, h, device="cuda", generator=gen).to(torch.bfloat16)
+    for t_tokens, bm in token_counts:
+        ids = torch.rand(t_tokens, e, device="cuda", generator=gen).topk(top_k).indices
+        counts = torch.bincount(ids.flatten(), minlength=e)
+        rows_total = int(counts.sum())
+        # bf16 baseline: unpadded segments
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xb = torch.randn(rows_total, h, device="cuda", generator=gen).to(torch.bfloat16)
+
+        # ours: each expert segment padded to block_m
+        tiles = ((counts + bm - 1) // bm).tolist()
+        tile_expert = torch.tensor(sum(([i] * c for i, c in enumerate(tiles)), []),
+                                   dtype=torch.int32, device="cuda")
+        p = tile_expert.numel() * bm
+        a = torch.randn(p, h, device="cuda", generator=gen).to(torch.bfloat16)
+        act = torch.empty(p, inter, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
+        row_scale = torch.rand(p, device="cuda", generator=gen)
+        cfg1 = wg.choose_config(2 * inter, h, bm, "swiglu", False, True)
+        cfg2 = wg.choose_config(h, inter, bm, "row_scale", False, True)
+
+        g1 = functools.partial(call, cfg1, a, w13, w13s, w13g, act, tile_expert=tile_expert,
+                               limit=10.0)
+        g2 = functools.partial(call, cfg2, act, w2, w2s, w2g, out, tile_expert=tile_expert,
+                               row_scale=row_scale)
+        reps = 10
+        t_b = time_graph([functools.partial(_bf16_pair, xb, w13b, w2b, offs, inter)], reps)
+        t_o = time_graph([g1, g2], 2 * reps) * 2
+        t_1 = time_graph([g1], reps)
+        used = int((counts > 0).sum())
+        flops = 6.0 * rows_total * h * inter
+        row = dict(kind="moe", tokens=t_tokens, bm=bm, used_experts=used, rows=rows_total,
+                   padded_rows=p, us=t_o, us_gemm1=t_1, bf16_us=t_b, speedup=t_b / t_o,
+                   tflops=flops / t_o / 1e6, cfg1=cfg1.name, cfg2=cfg2.name)
+        results.append(row)
+        print(f"  moe T={t_tokens:6d} bm={bm:3d} rows/used expert {rows_total / used:6.1f}: "
+              f"ours {t_o:8.1f} us (gemm1 {t_1:7.1f}) bf16 {t_b:8.1f} us  x{t_b / t_o:.2f} "
+              f"{row['tflops']:.0f} TFLOP/s", flush=True)
+
+
+def smoke():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w, s, g = random_nvfp4(1, 256, 512, gen)
+    x = torch.randn(70, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    cfg = wg.choose_config(256, 512, 64)
+    out = torch.full((70, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
+    call(cfg, x, w, s, g, out)
+    torch.cuda.synchronize()
+    ok, err, er, bad, nan = errors(out, linear_fp32(x, w[0], s[0], g[0]))
+    print(f"smoke: ok={ok} relL2 {err:.2e} round {er:.2e} bad {bad} nan {nan}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"),
+                                                   "wgmma_dev.json"))
+    args = ap.parse_args()
+    if args.smoke:
+        smoke()
+        return
+    print("== smoke (child process, 120 s limit)", flush=True)
+    try:
+        r = subprocess.run([sys.executable, __file__, "--smoke"], timeout=120,
+                           capture_output=True, text=True)
+        print(r.stdout[-3000:], r.stderr[-3000:], flush=True)
+        if r.returncode != 0 or "ok=True" not in r.stdout:
+            print("smoke failed: stopping", flush=True)
+            return
+    except subprocess.TimeoutExpired:
+        print("smoke HUNG (deadlock?): stopping", flush=True)
+        return
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    results = []
+    t0 = time.time()
+    if not args.skip_check:
+        print("== correctness", flush=True)
+
+        def cfgs_for(n, k, m):
+            bms = [128] if m != 8192 else [128, 256]
+            if m <= 128:
+                bms = [64, 128]
+            return [wg.choose_config(n, k, bm) for bm in bms]
+
+        check_dense(results, cfgs_for, gen)
+        check_grouped(results, gen, (16, 64, 128, 256))
+        print(f"   ({time.time() - t0:.0f} s)", flush=True)
+    print("== dense timing", flush=True)
+    bench_dense(results, gen, [
+        (128, [(64, 1), (64, 2), (128, 1), (128, 2)]),
+        (8192, [(128, 2), (256, 2), (256, 1)]),
+    ])
+    print(f"   ({time.time() - t0:.0f} s)", flush=True)
+    print("== moe timing (V4-Flash GEMM pair, uniform top-6 routing)", flush=True)
+    bench_moe(results, gen, [(512, 16), (512, 32), (512, 64), (4096, 64), (4096, 128),
+                              (16384, 128), (16384, 256)])
+    with open(args.json, "w") as fh:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                       results=results), fh, indent=1)
+    fails = [r for r in results if r.get("kind") == "check" and not r["ok"]]
+    print(f"== done in {time.time() - t0:.0f} s; {len(fails)} check failures", flush=True)
+
+
+if __name__ == "__main__":
+    main()

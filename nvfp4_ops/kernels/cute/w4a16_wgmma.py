@@ -1,0 +1,568 @@
+"""Exact W4A16 NVFP4 grouped GEMM for Hopper (sm_90a) on WGMMA, written in CuTeDSL.
+
+Same contract and math as :mod:`nvfp4_ops.kernels.cute.w4a16_gemm` (read its docstring): for
+every token row ``p`` of a token tile whose group (expert) is ``g``,
+``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * w_global[g, n])``
+with the arguments ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes)
+``[G, N, K/16]``, ``w_global`` f32 ``[G, N]``, ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
+``[ceil(P / block_m)]`` (-1 = skip the tile; a dummy when not grouped), ``row_scale`` f32
+``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
+This kernel is for prefill / mid batches (``block_m`` 64-256 tokens per tile); the mma.sync
+kernel stays the decode path.
+
+Roles (``wgmma.mma_async``, "RS" form)
+--------------------------------------
+* Operand A (64 rows x 16 k per instruction, from **registers**): the weights. Each consumer
+  warpgroup owns 64 "A rows". Warp ``w`` of the warpgroup holds A rows ``16w .. 16w+15``; inside
+  the warp it is the ``mma.sync.m16n8k16`` A layout: lane ``4g + c`` holds 4 bf16x2 registers
+  (A row g, k 2c..2c+1), (row g+8, k 2c..), (row g, k 2c+8..), (row g+8, k 2c+8..).
+* Operand B (``block_m`` tokens x 16 k, from **shared memory**): the activations, TMA-loaded as
+  ``[block_m, 64]`` bf16 tiles (K-major, 128-byte swizzle) in natural k order. TMA zero-fills
+  token rows ``>= P``; the epilogue never stores them.
+* Accumulators: fp32 ``[64 A rows, block_m tokens]`` per warpgroup in registers.
+
+Weights: no re-layout. The producer warp TMA-copies 32-row x 32-byte boxes of the checkpoint
+bytes (64 k per row per stage) into shared memory, row-major, unswizzled (two 16-byte reads of
+one quad phase hit rows 64 bytes apart: different banks). A lane reads its row's 16 bytes of
+a 32-k chunk (a quad-broadcast ``ld.shared.v4``: words ``w0..w3``, byte ``b`` of the chunk
+holds the codes of k ``2b, 2b+1``) and needs bytes ``c`` (k 2c, 2c+1 of step 0), ``4+c``
+(k 2c+8.. of step 0), ``8+c`` and ``12+c`` (step 1): byte ``c`` of each word. Three ``prmt``
+gather them into one u32 in that order, and the ``shift`` decoder of ``w4a16_gemm`` turns it
+into the 4 bf16x2 registers of the two k16 steps (``e2m1 * 2^-126`` by bit moves, times
+``block_scale * 2^119``: exactly ``e2m1 * block_scale * 2^-7``; the epilogue multiplies the fp32
+accumulator by 2^7). The block scales (1 byte per row per 16 k, 4 bytes per row per stage) are
+read by the consumers with plain ``ld.global.nc`` one stage ahead (a TMA box needs >= 16 bytes).
+
+Row mapping. ``none`` / ``row_scale``: A row ``a`` of warpgroup ``q`` is weight row
+``r0 + 64q + a`` (``r0 = 64 * consumers * blockIdx.x``). ``swiglu``: A row ``16w + i`` is gate
+row ``f0 + 32q + 8w + i`` for ``i < 8`` and up row ``f0 + 32q + 8w + (i - 8) + N/2`` for
+``i >= 8`` (``f0 = 32 * consumers * blockIdx.x``): the C fragment puts A rows ``g`` and ``g+8`` in
+the same thread, so gate and up of one output feature meet in one thread's registers.
+
+Pipeline: warpgroup ``consumers`` is the producer (one warp issues TMA, registers given back
+with ``setmaxnreg``), warpgroups ``0 .. consumers-1`` decode and multiply. Stages of 64 k
+(``[block_m, 64]`` bf16 + ``consumers * 64`` weight rows x 32 bytes) cycle through a
+full/empty mbarrier ring. Per 32-k chunk a consumer decodes into one of two A-fragment
+buffers, issues two k16 WGMMAs, commits, and waits until only this group is in flight: the
+decode of the next chunk overlaps the tensor-core work of this one. A stage's buffers are
+released once the WGMMAs that read them have retired (one chunk later).
+
+Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass.cute.arch import inline_ptx
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from nvfp4_ops.kernels.cute.fp4_ptx import scales_to_bf16x2_pre
+
+__all__ = [
+    "BLOCK_MS",
+    "EPILOGUES",
+    "W4A16WgmmaGemm",
+    "WgmmaConfig",
+    "choose_config",
+    "compile_gemm",
+    "supported",
+]
+
+EPILOGUES = ("none", "swiglu", "row_scale")
+#: token tiles (WGMMA N) a binary can be compiled for: 64-256 for prefill, 16/32 for MoE experts
+#: with few rows each (the tile still streams the expert's weights once).
+BLOCK_MS = (16, 32, 64, 128, 256)
+#: k per pipeline stage: one 128-byte swizzle atom of bf16 activations.
+BLOCK_K = 64
+#: usable dynamic shared memory per CTA on H100/H200 (227 KiB), minus barriers and slack.
+SMEM_BUDGET = 227 * 1024 - 1024
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """Everything that changes the generated code (P and G are symbolic).
+
+    ``n``/``k``: weight rows / reduction length per group (static). ``block_m``: tokens per
+    CTA = the WGMMA N. ``consumers``: consumer warpgroups (64 A rows each). ``stages``: depth of
+    the TMA ring (0 = as many as fit in shared memory).
+    """
+
+    n: int
+    k: int
+    epilogue: str = "none"
+    has_bias: bool = False
+    grouped: bool = False
+    block_m: int = 128
+    consumers: int = 2
+    stages: int = 0
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
+        if self.has_bias and self.epilogue != "none":
+            raise ValueError("bias is only supported with the 'none' epilogue")
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers must be 1 or 2, got {self.consumers}")
+        if self.k % BLOCK_K != 0:
+            raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K}")
+        if self.epilogue == "swiglu" and self.n % 64 != 0:
+            raise ValueError("swiglu needs N % 64 == 0")
+        if self.n_out % self.features_per_cta != 0:
+            raise ValueError(f"N_out={self.n_out} must be a multiple of {self.features_per_cta}")
+        if self.num_stages < 2:
+            raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
+
+    @property
+    def n_out(self) -> int:
+        return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
+    def features_per_cta(self) -> int:
+        """Output features per CTA: 64 per consumer warpgroup (32 for SwiGLU: gate + up)."""
+        return (32 if self.epilogue == "swiglu" else 64) * self.consumers
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.block_m * BLOCK_K * 2 + self.consumers * 64 * (BLOCK_K // 2)
+
+    @property
+    def num_stages(self) -> int:
+        fit = SMEM_BUDGET // self.stage_bytes
+        return min(fit, self.stages) if self.stages else min(fit, 8)
+
+    @property
+    def name(self) -> str:
+        return (
+            f"w4a16wg_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
+            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_c{self.consumers}"
+            f"_st{self.num_stages}_{self.arch}"
+        )
+
+
+def supported(n_out: int, k: int) -> bool:
+    """Whether some config covers this problem (N_out % 64 == 0 and K % 64 == 0)."""
+    return n_out % 64 == 0 and k % BLOCK_K == 0
+
+
+def choose_config(
+    n: int,
+    k: int,
+    block_m: int,
+    epilogue: str = "none",
+    has_bias: bool = False,
+    grouped: bool = False,
+) -> WgmmaConfig:
+    """The tile config for a problem; a pure function of static sizes and ``block_m``.
+
+    Two consumer warpgroups share each activation tile (half the shared-memory traffic per
+    weight row) when the output has enough features for them; one otherwise.
+    """
+    n_out = n // 2 if epilogue == "swiglu" else n
+    per_wg = 32 if epilogue == "swiglu" else 64
+    consumers = 2 if n_out % (2 * per_wg) == 0 else 1
+    return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, consumers)
+
+
+# --------------------------------------------------------------------------------------------
+# PTX helpers (this kernel only)
+# --------------------------------------------------------------------------------------------
+
+
+def _lds_v4(addr: Int32, offset: int):
+    """16-byte shared-memory load at ``addr + offset`` (32-bit shared address, 16-B aligned)."""
+    return inline_ptx(
+        f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[addr],
+    )
+
+
+def _ldg_u32(addr: Int64):
+    """4-byte read-only global load."""
+    return inline_ptx(
+        "ld.global.nc.b32 {$w0}, [{$r0}];",
+        write_only_types=[Int32],
+        read_only_args=[addr],
+    )
+
+
+def _gather_decode(w0, w1, w2, w3, sel, scale_a, scale_b):
+    """16 bytes of one weight row (32 k) -> this lane's A registers of two k16 steps.
+
+    ``sel`` = ``c | (c+4) << 4 | c << 8 | (c+4) << 12`` picks byte ``c`` of two words. The
+    gathered word holds the code pairs (k 2c, 2c+1), (2c+8, 2c+9) of step 0 and the same of
+    step 1; it is decoded as in :func:`nvfp4_ops.kernels.cute.fp4_ptx.decode_word_shift`, pairs 0-1
+    times ``scale_a`` (step 0's block scale * 2^119, bf16x2), pairs 2-3 times ``scale_b``.
+    Returns (step0 k 2c, step0 k 2c+8, step1 k 2c, step1 k 2c+8) bf16x2 words.
+    """
+    body = [
+        "{\n",
+        ".reg .b32 x, y, v, q4, r, t;\n",
+        "prmt.b32 x, {$r0}, {$r1}, {$r4};\n",
+        "prmt.b32 y, {$r2}, {$r3}, {$r4};\n",
+        "prmt.b32 v, x, y, 0x5410;\n",
+        "shl.b32 q4, v, 4;\n",
+    ]
+    for j in range(4):
+        sel_j = (j << 12) | (j << 8) | ((4 + j) << 4) | j
+        scale = "{$r5}" if j < 2 else "{$r6}"
+        body += [
+            f"prmt.b32 r, v, q4, {sel_j:#06x};\n",
+            "and.b32 t, r, 0x70007000;\n",
+            "shr.u32 t, t, 6;\n",
+            "and.b32 r, r, 0x80008000;\n",
+            "or.b32 r, r, t;\n",
+            f"mul.rn.bf16x2 {{$w{j}}}, r, {scale};\n",
+        ]
+    body.append("}")
+    return inline_ptx(
+        "".join(body),
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[w0, w1, w2, w3, sel, scale_a, scale_b],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------
+
+
+class W4A16WgmmaGemm:
+    """The CuTeDSL kernel for one :class:`WgmmaConfig`; see the module docstring."""
+
+    def __init__(self, cfg: WgmmaConfig) -> None:
+        self.cfg = cfg
+        self.stages = cfg.num_stages
+        self.k_tiles = cfg.k // BLOCK_K
+        self.num_boxes = 2 * cfg.consumers  # 32-row weight boxes per stage
+        self.threads = 128 * (cfg.consumers + 1)
+        self.tx_bytes = cfg.stage_bytes
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+        bm = cfg.block_m
+        # activations: [block_m, 64] bf16 boxes, K-major, 128-byte swizzle (the WGMMA B layout)
+        b_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        b_layout = cute.tile_to_shape(b_atom, (bm, BLOCK_K, self.stages), order=(0, 1, 2))
+        tma_b, m_b = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), a, cute.slice_(b_layout, (None, None, 0)),
+            (bm, BLOCK_K),
+        )
+        # weights as one [G*N, K/2] byte matrix: row expert*N + n; 32 x 32-byte boxes
+        w2 = cute.make_tensor(
+            w.iterator,
+            cute.make_layout((w.shape[0] * cfg.n, cfg.k // 2), stride=(cfg.k // 2, 1)),
+        )
+        box_layout = cute.make_layout((32, BLOCK_K // 2), stride=(BLOCK_K // 2, 1))
+        tma_w, m_w = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (32, BLOCK_K // 2)
+        )
+        tiled_mma = cute.make_tiled_mma(
+            warpgroup.MmaF16BF16Op(
+                BFloat16, Float32, (64, bm, 16), warpgroup.OperandSource.RMEM,
+                warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            )
+        )
+
+        @cute.struct
+        class SharedStorage:
+            bars: cute.struct.MemRange[Int64, 2 * self.stages]
+            s_b: cute.struct.Align[
+                cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024
+            ]
+            s_w: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128
+            ]
+
+        self.shared_storage = SharedStorage
+        num_rows = a.shape[0]
+        grid_n = cfg.n_out // cfg.features_per_cta
+        grid_m = (num_rows + (bm - 1)) // bm
+        self.kernel(
+            tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, row_scale, bias,
+            swiglu_limit, tiled_mma, b_layout, num_rows,
+        ).launch(
+            grid=[grid_n, grid_m, 1],
+            block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_b: cute.CopyAtom,
+        m_b: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        m_w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+        tiled_mma: cute.TiledMma,
+        b_layout: cute.ComposedLayout,
+        num_rows: Int32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+
+        expert = Int32(0)
+        if const_expr(cfg.grouped):
+            expert = tile_expert[bidy]
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumers),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+        s_w = storage.s_w.get_tensor(
+            cute.make_layout((32, BLOCK_K // 2, self.stages * self.num_boxes),
+                             stride=(BLOCK_K // 2, 1, 1024))
+        )
+
+        if expert >= 0:
+            if wg == cfg.consumers:
+                if const_expr(cfg.consumers == 2):
+                    cute.arch.setmaxregister_decrease(40)
+                if warp % 4 == 0:
+                    self.producer(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy)
+            else:
+                if const_expr(cfg.consumers == 2):
+                    cute.arch.setmaxregister_increase(232)
+                self.consumer(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale,
+                              bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg)
+
+    @cute.jit
+    def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
+        """One warp: per stage, the activation tile and ``2 * consumers`` weight boxes."""
+        cfg = self.cfg
+        nb = self.num_boxes
+        g_b = cute.local_tile(m_b, (cfg.block_m, BLOCK_K), (bidy, None))
+        t_sb, t_gb = cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
+            cute.group_modes(g_b, 0, 2),
+        )
+        g_w = cute.local_tile(m_w, (32, BLOCK_K // 2), (None, None))
+        t_sw, t_gw = cpasync.tma_partition(
+            tma_w, 0, cute.make_layout(1), cute.group_modes(s_w, 0, 2),
+            cute.group_modes(g_w, 0, 2),
+        )
+        # 32-row box index of each weight box of this CTA (see the module docstring)
+        base = expert * (cfg.n // 32)
+        box_rows = []
+        for i in cutlass.range_constexpr(nb):
+            if const_expr(cfg.epilogue == "swiglu"):
+                f0 = bidx * cfg.features_per_cta + 32 * (i // 2)
+                box_rows.append(base + f0 // 32 + (i % 2) * (cfg.n // 64))
+            else:
+                box_rows.append(base + bidx * (2 * cfg.consumers) + i)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for kt in cutlass.range(self.k_tiles, unroll=1):
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            cute.copy(tma_b, t_gb[(None, kt)], t_sb[(None, state.index)], tma_bar_ptr=bar)
+            for i in cutlass.range_constexpr(nb):
+                cute.copy(tma_w, t_gw[(None, box_rows[i], kt)],
+                          t_sw[(None, state.index * nb + i)], tma_bar_ptr=bar)
+            pipe.producer_commit(state)
+            state.advance()
+
+    @cute.jit
+    def consumer(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale, bias,
+                 swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg):
+        cfg = self.cfg
+        nb = self.num_boxes
+        lt = tidx % 128
+        wq = lt // 32  # warp within the warpgroup
+        lane = lt % 32
+        grp = lane // 4
+        quad = lane % 4
+        sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
+
+        # shared-memory byte offsets (within a stage) of this lane's two A rows (g and g+8)
+        # and the matching weight rows (global), see the module docstring
+        if const_expr(cfg.epilogue == "swiglu"):
+            slot_lo = 2 * wg
+            slot_hi = 2 * wg + 1
+            srow_lo = 8 * wq + grp
+            srow_hi = 8 * wq + grp
+            feat = bidx * cfg.features_per_cta + 32 * wg + 8 * wq + grp
+            row_lo = feat
+            row_hi = feat + cfg.n // 2
+        else:
+            slot_lo = 2 * wg + wq // 2
+            slot_hi = slot_lo
+            srow_lo = 16 * (wq % 2) + grp
+            srow_hi = srow_lo + 8
+            row_lo = bidx * cfg.features_per_cta + 64 * wg + 16 * wq + grp
+            row_hi = row_lo + 8
+        rb = BLOCK_K // 2
+        w_smem = s_w.iterator.toint()
+        off_lo = slot_lo * 1024 + srow_lo * rb
+        off_hi = slot_hi * 1024 + srow_hi * rb
+        stage_bytes_w = nb * 1024
+
+        # block scales: 4 bytes (one per 16 k) per row per stage, read one stage ahead
+        kb16 = cfg.k // 16
+        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * kb16)
+        s_lo = s_base + Int64(row_lo) * Int64(kb16)
+        s_hi = s_base + Int64(row_hi) * Int64(kb16)
+
+        thr_mma = tiled_mma.get_slice(lt)
+        t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
+        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, cfg.block_m)), Float32)
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        a_shape = tiled_mma.partition_shape_A((64, 16))
+        frags = []
+        for _ in cutlass.range_constexpr(4):  # [chunk buffer][k16 step]
+            frags.append(cute.make_rmem_tensor(a_shape, BFloat16))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        sc_lo = _ldg_u32(s_lo)
+        sc_hi = _ldg_u32(s_hi)
+        last = self.k_tiles - 1
+        for kt in cutlass.range(self.k_tiles, unroll=1):
+            nxt = cutlass.min(kt + 1, last)
+            sc_lo_n = _ldg_u32(s_lo + Int64(nxt * 4))
+            sc_hi_n = _ldg_u32(s_hi + Int64(nxt * 4))
+            pipe.consumer_wait(state)
+            stage_w = w_smem + state.index * stage_bytes_w
+            for j in cutlass.range_constexpr(2):
+                lo = _lds_v4(stage_w + off_lo, 16 * j)
+                hi = _lds_v4(stage_w + off_hi, 16 * j)
+                s_lo2 = scales_to_bf16x2_pre(sc_lo >> (16 * j))
+                s_hi2 = scales_to_bf16x2_pre(sc_hi >> (16 * j))
+                d_lo = _gather_decode(lo[0], lo[1], lo[2], lo[3], sel, s_lo2[0], s_lo2[1])
+                d_hi = _gather_decode(hi[0], hi[1], hi[2], hi[3], sel, s_hi2[0], s_hi2[1])
+                for s in cutlass.range_constexpr(2):
+                    f32v = cute.recast_tensor(frags[2 * j + s], Int32)
+                    f32v[0] = d_lo[2 * s]
+                    f32v[1] = d_hi[2 * s]
+                    f32v[2] = d_lo[2 * s + 1]
+                    f32v[3] = d_hi[2 * s + 1]
+                warpgroup.fence()
+                for s in cutlass.range_constexpr(2):
+                    cute.gemm(
+                        tiled_mma, acc,
+                        frags[2 * j + s][(None, None, 0)],
+                        t_cb[(None, None, 2 * j + s, state.index)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                if const_expr(j == 0):
+                    # the previous stage's last WGMMAs have retired: hand its buffers back
+                    if kt > 0:
+                        pipe.consumer_release(rel)
+                        rel.advance()
+            state.advance()
+            sc_lo = sc_lo_n
+            sc_hi = sc_hi_n
+        warpgroup.wait_group(0)
+        self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
+                      num_rows, row_lo, row_hi, quad)
+
+    @cute.jit
+    def epilogue(self, acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
+                 num_rows, row_lo, row_hi, quad):
+        """Accumulator element ``i = v0 + 2 v1 + 4 j``: A row g + 8 v1, token 8j + 2c + v0."""
+        cfg = self.cfg
+        # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
+        g_lo = w_global[expert, row_lo] * Float32(128.0)
+        g_hi = w_global[expert, row_hi] * Float32(128.0)
+        b_lo = Float32(0.0)
+        b_hi = Float32(0.0)
+        if const_expr(cfg.has_bias):
+            b_lo = bias[row_lo].to(Float32)
+            b_hi = bias[row_hi].to(Float32)
+        m0 = bidy * cfg.block_m
+        for j in cutlass.range_constexpr(cfg.block_m // 8):
+            for v0 in cutlass.range_constexpr(2):
+                token = m0 + 8 * j + 2 * quad + v0
+                if token < num_rows:
+                    lo = acc[4 * j + v0] * g_lo
+                    hi = acc[4 * j + 2 + v0] * g_hi
+                    if const_expr(cfg.epilogue == "swiglu"):
+                        gate = cutlass.min(lo, swiglu_limit)
+                        up = cutlass.max(cutlass.min(hi, swiglu_limit), -swiglu_limit)
+                        v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                        out[token, row_lo] = v.to(BFloat16)
+                    else:
+                        if const_expr(cfg.epilogue == "row_scale"):
+                            rs = row_scale[token]
+                            lo = lo * rs
+                            hi = hi * rs
+                        if const_expr(cfg.has_bias):
+                            lo = lo + b_lo
+                            hi = hi + b_hi
+                        out[token, row_lo] = lo.to(BFloat16)
+                        out[token, row_hi] = hi.to(BFloat16)
+
+
+def compile_gemm(cfg: WgmmaConfig, extra_options: str = ""):
+    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
+
+    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
+    with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
+    stream.
+    """
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    from cutlass.runtime import make_fake_stream
+
+    sym = cute.sym_int
+    n, k = cfg.n, cfg.k
+    row_major2 = (1, 0)
+    row_major3 = (2, 1, 0)
+    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
+    w = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
+    )
+    w_scale = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=4
+    )
+    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
+    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
+    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
+    row_scale = make_fake_compact_tensor(Float32, (sym(),))
+    bias = make_fake_compact_tensor(BFloat16, (sym(),))
+    return cute.compile(
+        W4A16WgmmaGemm(cfg),
+        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
+    )
