@@ -78,6 +78,19 @@ def call(cfg, a, w, w_scale, w_global, out, tile_expert=None, row_scale=None, bi
                   d_b if bias is None else bias, limit)
 
 
+def sync_or_die(what: str, seconds: float = 30.0) -> None:
+    """``torch.cuda.synchronize`` with a deadline: a hung kernel (pipeline deadlock) ends the
+    process with a message instead of running into the device time limit."""
+    ev = torch.cuda.Event()
+    ev.record()
+    deadline = time.time() + seconds
+    while not ev.query():
+        if time.time() > deadline:
+            print(f"HUNG: {what} did not finish in {seconds:.0f} s; exiting", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
 def errors(out, ref):
     ref = ref.float()
     out = out.float()
@@ -103,7 +116,7 @@ def check_dense(results, cfgs_for, gen):
             for cfg in cfgs_for(n, k, m):
                 out = torch.full((m + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
                 call(cfg, x, w, w_scale, w_global, out)
-                torch.cuda.synchronize()
+                sync_or_die(f"{cfg.name} M={m}")
                 ok, err, er, bad, nan = errors(out[:m], ref)
                 tail_ok = torch.isnan(out[m:]).all().item()
                 ok = ok and tail_ok
@@ -121,31 +134,31 @@ def check_dense(results, cfgs_for, gen):
         cfg = wg.choose_config(n, k, 128, "none", True, False)
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         call(cfg, x, w, w_scale, w_global, out, bias=bias)
-        torch.cuda.synchronize()
+        sync_or_die("bias check")
         ok, err, er, bad, nan = errors(out, ref)
         results.append(dict(kind="check", cfg=cfg.name, m=m, ok=ok, err=err, bad=bad))
         print(f"  {'ok  ' if ok else 'FAIL'} {cfg.name:58s} M={m:5d} relL2 {err:.2e} "
               f"(round {er:.2e}) bad {bad}", flush=True)
 
 
-def check_grouped(results, gen, block_ms):
+def check_grouped(results, gen, tiles):
     groups, h, inter = 5, 4096, 2048
     w13, w13s, w13g = random_nvfp4(groups, 2 * inter, h, gen)
     w2, w2s, w2g = random_nvfp4(groups, h, inter, gen)
     limit = 7.0
-    for bm in block_ms:
+    for bm, r, sk in tiles:
         tile_expert = torch.tensor([2, -1, 0, 4, 1, -1, 3], dtype=torch.int32, device="cuda")
         rows = tile_expert.numel() * bm - 5
         a = torch.randn(rows, h, device="cuda", generator=gen).to(torch.bfloat16)
         act = torch.randn(rows, inter, device="cuda", generator=gen).to(torch.bfloat16)
         row_scale = torch.rand(rows, device="cuda", generator=gen)
-        cfg1 = wg.choose_config(2 * inter, h, bm, "swiglu", False, True)
-        cfg2 = wg.choose_config(h, inter, bm, "row_scale", False, True)
+        cfg1 = wg.WgmmaConfig(2 * inter, h, "swiglu", False, True, bm, r, sk)
+        cfg2 = wg.WgmmaConfig(h, inter, "row_scale", False, True, bm, r, sk)
         out1 = torch.full((rows, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
         out2 = torch.full((rows, h), float("nan"), dtype=torch.bfloat16, device="cuda")
         call(cfg1, a, w13, w13s, w13g, out1, tile_expert=tile_expert, limit=limit)
         call(cfg2, act, w2, w2s, w2g, out2, tile_expert=tile_expert, row_scale=row_scale)
-        torch.cuda.synchronize()
+        sync_or_die(f"{cfg1.name} / {cfg2.name}")
         ok1 = ok2 = True
         worst1 = worst2 = 0.0
         for t, e in enumerate(tile_expert.tolist()):
@@ -176,13 +189,13 @@ def check_grouped(results, gen, block_ms):
 def time_graph(fns, reps, replays=7):
     """Median device time per call of ``fns`` (called round-robin, ``reps`` per graph)."""
     fns[0]()
-    torch.cuda.synchronize()
+    sync_or_die("timing warm-up")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(reps):
             fns[i % len(fns)]()
     graph.replay()
-    torch.cuda.synchronize()
+    sync_or_die("timing graph")
     times = []
     for _ in range(replays):
         start = torch.cuda.Event(enable_timing=True)
@@ -237,7 +250,7 @@ def bench_moe(results, gen, token_counts):
     w2, w2s, w2g = random_nvfp4(e, h, inter, gen)
     w13b = torch.randn(e, h, 2 * inter, device="cuda", generator=gen).to(torch.bfloat16)
     w2b = torch.randn(e, inter, h, device="cuda", generator=gen).to(torch.bfloat16)
-    for t_tokens, bm in token_counts:
+    for t_tokens, bm, r in token_counts:
         ids = torch.rand(t_tokens, e, device="cuda", generator=gen).topk(top_k).indices
         counts = torch.bincount(ids.flatten(), minlength=e)
         rows_total = int(counts.sum())
@@ -254,8 +267,8 @@ def bench_moe(results, gen, token_counts):
         act = torch.empty(p, inter, dtype=torch.bfloat16, device="cuda")
         out = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
         row_scale = torch.rand(p, device="cuda", generator=gen)
-        cfg1 = wg.choose_config(2 * inter, h, bm, "swiglu", False, True)
-        cfg2 = wg.choose_config(h, inter, bm, "row_scale", False, True)
+        cfg1 = wg.WgmmaConfig(2 * inter, h, "swiglu", False, True, bm, r, 1)
+        cfg2 = wg.WgmmaConfig(h, inter, "row_scale", False, True, bm, r, 1)
 
         g1 = functools.partial(call, cfg1, a, w13, w13s, w13g, act, tile_expert=tile_expert,
                                limit=10.0)
@@ -271,7 +284,7 @@ def bench_moe(results, gen, token_counts):
                    padded_rows=p, us=t_o, us_gemm1=t_1, bf16_us=t_b, speedup=t_b / t_o,
                    tflops=flops / t_o / 1e6, cfg1=cfg1.name, cfg2=cfg2.name)
         results.append(row)
-        print(f"  moe T={t_tokens:6d} bm={bm:3d} rows/used expert {rows_total / used:6.1f}: "
+        print(f"  moe T={t_tokens:6d} bm={bm:3d} r={r} rows/used expert {rows_total / used:6.1f}: "
               f"ours {t_o:8.1f} us (gemm1 {t_1:7.1f}) bf16 {t_b:8.1f} us  x{t_b / t_o:.2f} "
               f"{row['tflops']:.0f} TFLOP/s", flush=True)
 
@@ -283,7 +296,7 @@ def smoke():
     cfg = wg.choose_config(256, 512, 64)
     out = torch.full((70, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
     call(cfg, x, w, s, g, out)
-    torch.cuda.synchronize()
+    sync_or_die("smoke")
     ok, err, er, bad, nan = errors(out, linear_fp32(x, w[0], s[0], g[0]))
     print(f"smoke: ok={ok} relL2 {err:.2e} round {er:.2e} bad {bad} nan {nan}", flush=True)
 
@@ -316,23 +329,26 @@ def main():
         print("== correctness", flush=True)
 
         def cfgs_for(n, k, m):
-            bms = [128] if m != 8192 else [128, 256]
             if m <= 128:
-                bms = [64, 128]
-            return [wg.choose_config(n, k, bm) for bm in bms]
+                tiles = [(64, 1, 1), (128, 1, 1), (128, 2, 1)]
+            elif m <= 199:
+                tiles = [(128, 2, 1)]
+            else:
+                tiles = [(128, 2, 1), (256, 2, 1)]
+            return [wg.WgmmaConfig(n, k, "none", False, False, *t) for t in tiles]
 
         check_dense(results, cfgs_for, gen)
-        check_grouped(results, gen, (16, 64, 128, 256))
+        check_grouped(results, gen, [(16, 2, 1), (64, 2, 1), (128, 2, 1), (256, 2, 1)])
         print(f"   ({time.time() - t0:.0f} s)", flush=True)
     print("== dense timing", flush=True)
     bench_dense(results, gen, [
-        (128, [(64, 1), (64, 2), (128, 1), (128, 2)]),
-        (8192, [(128, 2), (256, 2), (256, 1)]),
+        (128, [(128, 1, 1), (128, 2, 1), (64, 1, 1)]),
+        (8192, [(256, 2, 1), (128, 2, 1)]),
     ])
     print(f"   ({time.time() - t0:.0f} s)", flush=True)
     print("== moe timing (V4-Flash GEMM pair, uniform top-6 routing)", flush=True)
-    bench_moe(results, gen, [(512, 16), (512, 32), (512, 64), (4096, 64), (4096, 128),
-                              (16384, 128), (16384, 256)])
+    bench_moe(results, gen, [(512, 16, 2), (512, 32, 2), (4096, 64, 2), (4096, 128, 2),
+                             (16384, 128, 2), (16384, 256, 2)])
     with open(args.json, "w") as fh:
         json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                        results=results), fh, indent=1)

@@ -33,26 +33,38 @@ into the 4 bf16x2 registers of the two k16 steps (``e2m1 * 2^-126`` by bit moves
 accumulator by 2^7). The block scales (1 byte per row per 16 k, 4 bytes per row per stage) are
 read by the consumers with plain ``ld.global.nc`` one stage ahead (a TMA box needs >= 16 bytes).
 
-Row mapping. ``none`` / ``row_scale``: A row ``a`` of warpgroup ``q`` is weight row
-``r0 + 64q + a`` (``r0 = 64 * consumers * blockIdx.x``). ``swiglu``: A row ``16w + i`` is gate
+Row mapping. ``none`` / ``row_scale``: A row ``a`` of row warpgroup ``q`` is weight row
+``r0 + 64q + a`` (``r0 = 64 * row_wgs * blockIdx.x``). ``swiglu``: A row ``16w + i`` is gate
 row ``f0 + 32q + 8w + i`` for ``i < 8`` and up row ``f0 + 32q + 8w + (i - 8) + N/2`` for
-``i >= 8`` (``f0 = 32 * consumers * blockIdx.x``): the C fragment puts A rows ``g`` and ``g+8`` in
+``i >= 8`` (``f0 = 32 * row_wgs * blockIdx.x``): the C fragment puts A rows ``g`` and ``g+8`` in
 the same thread, so gate and up of one output feature meet in one thread's registers.
 
-Pipeline: warpgroup ``consumers`` is the producer (one warp issues TMA, registers given back
-with ``setmaxnreg``), warpgroups ``0 .. consumers-1`` decode and multiply. Stages of 64 k
-(``[block_m, 64]`` bf16 + ``consumers * 64`` weight rows x 32 bytes) cycle through a
-full/empty mbarrier ring. Per 32-k chunk a consumer decodes into one of two A-fragment
-buffers, issues two k16 WGMMAs, commits, and waits until only this group is in flight: the
-decode of the next chunk overlaps the tensor-core work of this one. A stage's buffers are
-released once the WGMMAs that read them have retired (one chunk later).
+Pipeline: the last warpgroup is the producer (one warp issues TMA; registers handed to the
+consumers with ``setmaxnreg``), warpgroups ``0 .. row_wgs * split_k - 1`` decode and multiply.
+Stages of 64 k (``[block_m, 64]`` bf16 + ``row_wgs * 64`` weight rows x 32 bytes) cycle
+through a full/empty mbarrier ring. Per 32-k chunk a consumer decodes into one of two
+A-fragment buffers, issues two k16 WGMMAs and commits; it then loads the next chunk's weight
+words and block scales from shared memory and only then waits until just this chunk's WGMMAs
+are in flight (the other A buffer is free again): the decode of the next chunk overlaps the
+tensor-core work of this one, the load latency hides behind the wait. A stage is released once
+the WGMMAs that read it have retired (one chunk later). ``split_k`` warpgroups on the same rows
+take turns on the k tiles and are summed through shared memory in slice order (not validated
+on a GPU yet, see :class:`WgmmaConfig`).
 
 Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only.
+
+Measured on H200 (benchmarks/results/wgmma_dev_h200.txt, first version = same tiles, loads not
+hoisted; CUDA-graph replay, cold L2, bf16 torch in the same run): (7168, 18432) M=8192
+``block_m=256, row_wgs=2`` 3521 us = 615 TFLOP/s (bf16 matmul 2791 us = 776); M=128
+``block_m=128, row_wgs=1`` 119 us (bf16 75.5 us). ``block_m=128, row_wgs=2`` reaches only
+451-460 TFLOP/s at M=8192 while its L2 traffic per FLOP equals ``block_m=256``'s: the decode
+(~68 instructions per thread per 32 k, amortised over ``block_m`` tokens) and its latency with
+one or two consumer warps per SM sub-partition limit it, not memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cutlass
 import cutlass.cute as cute
@@ -88,8 +100,11 @@ class WgmmaConfig:
     """Everything that changes the generated code (P and G are symbolic).
 
     ``n``/``k``: weight rows / reduction length per group (static). ``block_m``: tokens per
-    CTA = the WGMMA N. ``consumers``: consumer warpgroups (64 A rows each). ``stages``: depth of
-    the TMA ring (0 = as many as fit in shared memory).
+    CTA = the WGMMA N. ``row_wgs``: consumer warpgroups on different 64-A-row blocks (they share
+    the activation tile). ``split_k``: consumer warpgroups on the same rows that take turns on
+    the k tiles (deterministic reduction through shared memory at the end); there are
+    ``row_wgs * split_k`` consumer warpgroups. ``stages``: depth of the TMA ring (0 = as many
+    as fit in shared memory, at most 8).
     """
 
     n: int
@@ -98,9 +113,14 @@ class WgmmaConfig:
     has_bias: bool = False
     grouped: bool = False
     block_m: int = 128
-    consumers: int = 2
+    row_wgs: int = 2
+    split_k: int = 1
     stages: int = 0
     arch: str = "sm_90a"
+    #: ``split_k > 1`` and 3-4 consumer warpgroups are not validated: the first H200 run of
+    #: ``row_wgs=1, split_k=4`` (640 threads, setmaxnreg 24/120) hung (benchmarks/results/
+    #: wgmma_dev_h200.txt); opt in explicitly to debug them. Not part of the compile key.
+    allow_unverified: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -109,16 +129,29 @@ class WgmmaConfig:
             raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
         if self.has_bias and self.epilogue != "none":
             raise ValueError("bias is only supported with the 'none' epilogue")
-        if self.consumers not in (1, 2):
-            raise ValueError(f"consumers must be 1 or 2, got {self.consumers}")
-        if self.k % BLOCK_K != 0:
-            raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K}")
+        if self.row_wgs not in (1, 2, 4) or self.split_k not in (1, 2, 4):
+            raise ValueError("row_wgs and split_k must be 1, 2 or 4")
+        if self.consumers > 4:
+            raise ValueError(f"at most 4 consumer warpgroups, got {self.consumers}")
+        if (self.split_k > 1 or self.consumers > 2) and not self.allow_unverified:
+            raise ValueError("split_k > 1 / more than 2 consumer warpgroups are not validated "
+                             "on a GPU yet (pass allow_unverified=True to debug them)")
+        if self.k % (BLOCK_K * self.split_k) != 0:
+            raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K * self.split_k}")
         if self.epilogue == "swiglu" and self.n % 64 != 0:
             raise ValueError("swiglu needs N % 64 == 0")
         if self.n_out % self.features_per_cta != 0:
             raise ValueError(f"N_out={self.n_out} must be a multiple of {self.features_per_cta}")
         if self.num_stages < 2:
             raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
+        if self.k < 2 * BLOCK_K * self.split_k:
+            raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
+        if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
+            raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
+
+    @property
+    def consumers(self) -> int:
+        return self.row_wgs * self.split_k
 
     @property
     def n_out(self) -> int:
@@ -126,12 +159,12 @@ class WgmmaConfig:
 
     @property
     def features_per_cta(self) -> int:
-        """Output features per CTA: 64 per consumer warpgroup (32 for SwiGLU: gate + up)."""
-        return (32 if self.epilogue == "swiglu" else 64) * self.consumers
+        """Output features per CTA: 64 per row warpgroup (32 for SwiGLU: gate + up)."""
+        return (32 if self.epilogue == "swiglu" else 64) * self.row_wgs
 
     @property
     def stage_bytes(self) -> int:
-        return self.block_m * BLOCK_K * 2 + self.consumers * 64 * (BLOCK_K // 2)
+        return self.block_m * BLOCK_K * 2 + self.row_wgs * 64 * (BLOCK_K // 2)
 
     @property
     def num_stages(self) -> int:
@@ -142,8 +175,8 @@ class WgmmaConfig:
     def name(self) -> str:
         return (
             f"w4a16wg_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
-            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_c{self.consumers}"
-            f"_st{self.num_stages}_{self.arch}"
+            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_r{self.row_wgs}"
+            f"_s{self.split_k}_st{self.num_stages}_{self.arch}"
         )
 
 
@@ -162,13 +195,13 @@ def choose_config(
 ) -> WgmmaConfig:
     """The tile config for a problem; a pure function of static sizes and ``block_m``.
 
-    Two consumer warpgroups share each activation tile (half the shared-memory traffic per
-    weight row) when the output has enough features for them; one otherwise.
+    Two row warpgroups share each activation tile (half the shared-memory traffic per weight
+    row) when the output has enough features for them; one otherwise.
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
-    consumers = 2 if n_out % (2 * per_wg) == 0 else 1
-    return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, consumers)
+    row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
+    return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,9 +275,15 @@ class W4A16WgmmaGemm:
         self.cfg = cfg
         self.stages = cfg.num_stages
         self.k_tiles = cfg.k // BLOCK_K
-        self.num_boxes = 2 * cfg.consumers  # 32-row weight boxes per stage
+        self.num_boxes = 2 * cfg.row_wgs  # 32-row weight boxes per stage
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
+        # register split (setmaxnreg): the producer warpgroup keeps a few, the consumers share
+        # the rest of the 64K register file (multiples of 8)
+        self.producer_regs = 40 if cfg.consumers < 4 else 24
+        self.consumer_regs = min(
+            232, ((65536 - 128 * self.producer_regs) // (128 * cfg.consumers)) // 8 * 8
+        )
 
     @cute.jit
     def __call__(
@@ -305,9 +344,15 @@ class W4A16WgmmaGemm:
         ).launch(
             grid=[grid_n, grid_m, 1],
             block=[self.threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
+            smem=self.smem_bytes(SharedStorage.size_in_bytes()),
             stream=stream,
         )
+
+    def smem_bytes(self, storage: int) -> int:
+        """Dynamic shared memory to request. With ``setmaxnreg`` (several consumer warpgroups)
+        at least half the SM's 228 KiB, so only one CTA is resident: two co-resident CTAs could
+        each wait in ``setmaxnreg.inc`` for registers the other holds."""
+        return max(storage, 116 * 1024) if self.cfg.consumers > 1 else storage
 
     @cute.kernel
     def kernel(
@@ -337,13 +382,13 @@ class W4A16WgmmaGemm:
         if const_expr(cfg.grouped):
             expert = tile_expert[bidy]
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumers),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.row_wgs),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -355,19 +400,19 @@ class W4A16WgmmaGemm:
 
         if expert >= 0:
             if wg == cfg.consumers:
-                if const_expr(cfg.consumers == 2):
-                    cute.arch.setmaxregister_decrease(40)
+                if const_expr(cfg.consumers > 1):
+                    cute.arch.setmaxregister_decrease(self.producer_regs)
                 if warp % 4 == 0:
                     self.producer(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy)
             else:
-                if const_expr(cfg.consumers == 2):
-                    cute.arch.setmaxregister_increase(232)
+                if const_expr(cfg.consumers > 1):
+                    cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.consumer(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale,
                               bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg)
 
     @cute.jit
     def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
-        """One warp: per stage, the activation tile and ``2 * consumers`` weight boxes."""
+        """One warp: per stage, the activation tile and ``2 * row_wgs`` weight boxes."""
         cfg = self.cfg
         nb = self.num_boxes
         g_b = cute.local_tile(m_b, (cfg.block_m, BLOCK_K), (bidy, None))
@@ -388,7 +433,7 @@ class W4A16WgmmaGemm:
                 f0 = bidx * cfg.features_per_cta + 32 * (i // 2)
                 box_rows.append(base + f0 // 32 + (i % 2) * (cfg.n // 64))
             else:
-                box_rows.append(base + bidx * (2 * cfg.consumers) + i)
+                box_rows.append(base + bidx * (2 * cfg.row_wgs) + i)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for kt in cutlass.range(self.k_tiles, unroll=1):
             pipe.producer_acquire(state)
@@ -405,29 +450,32 @@ class W4A16WgmmaGemm:
                  swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg):
         cfg = self.cfg
         nb = self.num_boxes
+        nsplit = cfg.split_k
         lt = tidx % 128
         wq = lt // 32  # warp within the warpgroup
         lane = lt % 32
         grp = lane // 4
         quad = lane % 4
+        rq = wg % cfg.row_wgs  # which 64-A-row block
+        sk = wg // cfg.row_wgs  # which k slice: k tiles sk, sk + split_k, ...
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
 
         # shared-memory byte offsets (within a stage) of this lane's two A rows (g and g+8)
         # and the matching weight rows (global), see the module docstring
         if const_expr(cfg.epilogue == "swiglu"):
-            slot_lo = 2 * wg
-            slot_hi = 2 * wg + 1
+            slot_lo = 2 * rq
+            slot_hi = 2 * rq + 1
             srow_lo = 8 * wq + grp
             srow_hi = 8 * wq + grp
-            feat = bidx * cfg.features_per_cta + 32 * wg + 8 * wq + grp
+            feat = bidx * cfg.features_per_cta + 32 * rq + 8 * wq + grp
             row_lo = feat
             row_hi = feat + cfg.n // 2
         else:
-            slot_lo = 2 * wg + wq // 2
+            slot_lo = 2 * rq + wq // 2
             slot_hi = slot_lo
             srow_lo = 16 * (wq % 2) + grp
             srow_hi = srow_lo + 8
-            row_lo = bidx * cfg.features_per_cta + 64 * wg + 16 * wq + grp
+            row_lo = bidx * cfg.features_per_cta + 64 * rq + 16 * wq + grp
             row_hi = row_lo + 8
         rb = BLOCK_K // 2
         w_smem = s_w.iterator.toint()
@@ -435,7 +483,7 @@ class W4A16WgmmaGemm:
         off_hi = slot_hi * 1024 + srow_hi * rb
         stage_bytes_w = nb * 1024
 
-        # block scales: 4 bytes (one per 16 k) per row per stage, read one stage ahead
+        # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
         kb16 = cfg.k // 16
         s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * kb16)
         s_lo = s_base + Int64(row_lo) * Int64(kb16)
@@ -450,52 +498,126 @@ class W4A16WgmmaGemm:
         frags = []
         for _ in cutlass.range_constexpr(4):  # [chunk buffer][k16 step]
             frags.append(cute.make_rmem_tensor(a_shape, BFloat16))
+        # the next chunk's raw weight words (rows lo, hi) and its block scales (bf16x2 x 2 x 2),
+        # loaded before the wait for the previous WGMMAs so their latency hides behind it
+        raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
+        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)  # [lo, hi] x [this, next tile]
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        sc_lo = _ldg_u32(s_lo)
-        sc_hi = _ldg_u32(s_hi)
-        last = self.k_tiles - 1
-        for kt in cutlass.range(self.k_tiles, unroll=1):
-            nxt = cutlass.min(kt + 1, last)
-            sc_lo_n = _ldg_u32(s_lo + Int64(nxt * 4))
-            sc_hi_n = _ldg_u32(s_hi + Int64(nxt * 4))
-            pipe.consumer_wait(state)
-            stage_w = w_smem + state.index * stage_bytes_w
-            for j in cutlass.range_constexpr(2):
-                lo = _lds_v4(stage_w + off_lo, 16 * j)
-                hi = _lds_v4(stage_w + off_hi, 16 * j)
-                s_lo2 = scales_to_bf16x2_pre(sc_lo >> (16 * j))
-                s_hi2 = scales_to_bf16x2_pre(sc_hi >> (16 * j))
-                d_lo = _gather_decode(lo[0], lo[1], lo[2], lo[3], sel, s_lo2[0], s_lo2[1])
-                d_hi = _gather_decode(hi[0], hi[1], hi[2], hi[3], sel, s_hi2[0], s_hi2[1])
-                for s in cutlass.range_constexpr(2):
-                    f32v = cute.recast_tensor(frags[2 * j + s], Int32)
-                    f32v[0] = d_lo[2 * s]
-                    f32v[1] = d_hi[2 * s]
-                    f32v[2] = d_lo[2 * s + 1]
-                    f32v[3] = d_hi[2 * s + 1]
-                warpgroup.fence()
-                for s in cutlass.range_constexpr(2):
-                    cute.gemm(
-                        tiled_mma, acc,
-                        frags[2 * j + s][(None, None, 0)],
-                        t_cb[(None, None, 2 * j + s, state.index)],
-                        acc,
-                    )
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                if const_expr(j == 0):
-                    # the previous stage's last WGMMAs have retired: hand its buffers back
-                    if kt > 0:
-                        pipe.consumer_release(rel)
-                        rel.advance()
-            state.advance()
-            sc_lo = sc_lo_n
-            sc_hi = sc_hi_n
+        if const_expr(nsplit > 1):
+            state.advance(sk)
+            rel.advance(sk)
+        n_iter = self.k_tiles // nsplit
+        sc[0] = _ldg_u32(s_lo + Int64(sk * 4))
+        sc[1] = _ldg_u32(s_hi + Int64(sk * 4))
+        pipe.consumer_wait(state)
+        self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
+                        sc[0], sc[1], 0)
+        # first tile (nothing to release yet), middle tiles, last tile (nothing to prefetch)
+        sc[2] = _ldg_u32(s_lo + Int64((sk + nsplit) * 4))
+        sc[3] = _ldg_u32(s_hi + Int64((sk + nsplit) * 4))
+        state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
+                               w_smem, stage_bytes_w, off_lo, off_hi, sel, True, False)
+        for it in cutlass.range(1, n_iter - 1, unroll=1):
+            sc[0] = sc[2]
+            sc[1] = sc[3]
+            nxt = sk + (it + 1) * nsplit
+            sc[2] = _ldg_u32(s_lo + Int64(nxt * 4))
+            sc[3] = _ldg_u32(s_hi + Int64(nxt * 4))
+            state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
+                                   w_smem, stage_bytes_w, off_lo, off_hi, sel, False, False)
+        sc[0] = sc[2]
+        sc[1] = sc[3]
+        state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
+                               w_smem, stage_bytes_w, off_lo, off_hi, sel, False, True)
         warpgroup.wait_group(0)
-        self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
-                      num_rows, row_lo, row_hi, quad)
+
+        if const_expr(nsplit > 1):
+            # deterministic split-K: slices 1.. park their partial sums in the (now idle)
+            # activation ring, slice 0 adds them in slice order
+            nthreads = 128 * cfg.consumers
+            acc_len = cute.size(acc)
+            red = cute.make_tensor(
+                cute.recast_ptr(s_b.iterator, dtype=Float32),
+                cute.make_layout((128, acc_len, cfg.row_wgs, nsplit - 1),
+                                 stride=(1, 128, 128 * acc_len, 128 * acc_len * cfg.row_wgs)),
+            )
+            cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
+            if sk > 0:
+                for i in cutlass.range_constexpr(acc_len):
+                    red[lt, i, rq, sk - 1] = acc[i]
+            cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
+            if sk == 0:
+                for s in cutlass.range_constexpr(nsplit - 1):
+                    for i in cutlass.range_constexpr(acc_len):
+                        acc[i] = acc[i] + red[lt, i, rq, s]
+                self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
+                              num_rows, row_lo, row_hi, quad)
+        else:
+            self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
+                          num_rows, row_lo, row_hi, quad)
+
+    def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int):
+        """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales.
+
+        Plain Python (no ``cute.jit``): inlined while the kernel is traced.
+        """
+        lo = _lds_v4(stage_w + off_lo, 16 * j)
+        hi = _lds_v4(stage_w + off_hi, 16 * j)
+        for e in range(4):
+            raw[e] = lo[e]
+            raw[4 + e] = hi[e]
+        s_lo2 = scales_to_bf16x2_pre(sc_lo >> (16 * j))
+        s_hi2 = scales_to_bf16x2_pre(sc_hi >> (16 * j))
+        scl[0] = s_lo2[0]
+        scl[1] = s_lo2[1]
+        scl[2] = s_hi2[0]
+        scl[3] = s_hi2[1]
+
+    def decode_mma(self, tiled_mma, acc, frags, raw, scl, sel, t_cb, stage_idx, j: int):
+        """Decode the loaded chunk into A-fragment buffer ``j``, issue its two k16 WGMMAs."""
+        d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
+        d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])
+        for s in range(2):
+            f32v = cute.recast_tensor(frags[2 * j + s], Int32)
+            f32v[0] = d_lo[2 * s]
+            f32v[1] = d_hi[2 * s]
+            f32v[2] = d_lo[2 * s + 1]
+            f32v[3] = d_hi[2 * s + 1]
+        warpgroup.fence()
+        for s in range(2):
+            cute.gemm(tiled_mma, acc, frags[2 * j + s][(None, None, 0)],
+                      t_cb[(None, None, 2 * j + s, stage_idx)], acc)
+        warpgroup.commit_group()
+
+    def tile(self, pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
+             stage_bytes_w, off_lo, off_hi, sel, first: bool, last: bool):
+        """One 64-k tile of this warpgroup (two chunks); on entry ``raw``/``scl`` hold chunk 0.
+
+        Per chunk: decode + WGMMA, then load the next chunk (for chunk 1: wait for this
+        warpgroup's next tile first), then wait until only this chunk's WGMMAs are in flight
+        (the other A buffer is free again). The previous tile's ring slot is released once
+        its last WGMMAs have retired (after chunk 0's wait).
+        """
+        nsplit = self.cfg.split_k
+        idx = state.index
+        stage_w = w_smem + idx * stage_bytes_w
+        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0)
+        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1)
+        warpgroup.wait_group(1)
+        if not first:
+            pipe.consumer_release(rel)
+            rel.advance(nsplit)
+        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 1)
+        state.advance(nsplit)
+        if not last:
+            pipe.consumer_wait(state)
+            self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
+                            sc[2], sc[3], 0)
+        warpgroup.wait_group(1)
+        return state, rel
 
     @cute.jit
     def epilogue(self, acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
