@@ -3,6 +3,7 @@ compiles for sm_90a on a CPU-only machine (no driver queries), and exports to an
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -18,24 +19,27 @@ VARIANTS = linear_cuda.variants_for_shapes(["v4-flash", "v4-pro"], include_moe=T
 
 def test_variant_set_covers_every_block_m_and_epilogue():
     names = {c.name for c in VARIANTS}
-    assert len(names) == len(VARIANTS) == 32
+    # 2 shapes x 4 problems x 6 token tiles
+    assert len(names) == len(VARIANTS) == 48
+    assert {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS} == {"w4a16_gemm",
+                                                                        "w4a16_wgmma"}
     for s_name in ("v4-flash", "v4-pro"):
         from nvfp4_ops import get_shape
 
         s = get_shape(s_name)
-        for bm in w4a16_gemm.BLOCK_MS:
+        for bm in linear_cuda._BLOCK_MS:
             for n, k, epi, grouped in [
                 (2 * s.shared_intermediate, s.hidden, "swiglu", False),
                 (s.hidden, s.shared_intermediate, "none", False),
                 (2 * s.intermediate, s.hidden, "swiglu", True),
                 (s.hidden, s.intermediate, "row_scale", True),
             ]:
-                assert w4a16_gemm.choose_config(n, k, bm, epi, False, grouped).name in names
+                assert linear_cuda.choose_config(n, k, bm, epi, False, grouped).name in names
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)
 def test_variant_compiles_for_sm90a(cfg, tmp_path):
-    compiled = w4a16_gemm.compile_gemm(cfg)
+    compiled = importlib.import_module(type(cfg).__module__).compile_gemm(cfg)
     path = tmp_path / f"{cfg.name}.o"
     compiled.export_to_c(str(path), function_name=cfg.name)
     assert path.stat().st_size > 1000
@@ -44,8 +48,10 @@ def test_variant_compiles_for_sm90a(cfg, tmp_path):
 def test_linear_test_shapes_compile():
     """The dense shapes the GPU tests and benchmark use (one per token tile class)."""
     for n, k in [(4096, 4096), (7168, 18432), (18432, 7168), (1536, 4096)]:
-        for bm in (8, 64):
-            w4a16_gemm.compile_gemm(w4a16_gemm.choose_config(n, k, bm, "none", bm == 8))
+        for m in (1, 16, 64, 199, 8192):
+            cfg = linear_cuda.choose_config(n, k, linear_cuda.block_m_for_tokens(m), "none",
+                                            m == 1)
+            importlib.import_module(type(cfg).__module__).compile_gemm(cfg)
 
 
 def test_bad_configs_rejected():

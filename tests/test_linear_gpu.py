@@ -75,11 +75,13 @@ def test_linear_bias_and_unsupported_fallback():
             check_close(out, ref, f"linear+bias M={m} N={n} K={k}")
 
 
-def test_grouped_gemm_poisoned_and_skipped_tiles():
+@pytest.mark.parametrize("bm", [8, 16, 32, 64, 128, 256])
+def test_grouped_gemm_poisoned_and_skipped_tiles(bm):
+    """Every token tile of every kernel family (linear_cuda._family) on a grouped problem."""
     from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
 
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    groups, n, k, bm = 3, 512, 1024, 16
+    gen = torch.Generator(device="cuda").manual_seed(7 + bm)
+    groups, n, k = 3, 512, 1024
     ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
     w = torch.stack([t[0] for t in ws])
     w_scale = torch.stack([t[1] for t in ws])

@@ -288,14 +288,15 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
 
 def test_block_ms_match_the_gemm():
     pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels.cute.w4a16_gemm import BLOCK_MS as GEMM_BLOCK_MS
+    from nvfp4_ops.kernels.linear_cuda import _BLOCK_MS as GEMM_BLOCK_MS
     from nvfp4_ops.kernels.moe_cuda import BLOCK_MS, choose_block_m
 
     assert BLOCK_MS == GEMM_BLOCK_MS
     assert choose_block_m(6, 256) == 8
     assert choose_block_m(6 * 128, 256) == 8
     assert choose_block_m(6 * 512, 256) == 16
-    assert choose_block_m(6 * 4096, 256) == 64
+    assert choose_block_m(6 * 4096, 256) == 128
+    assert choose_block_m(6 * 16384, 256) == 256
     assert all(choose_block_m(n, 256) in BLOCK_MS for n in range(0, 10**5, 997))
 
 

@@ -25,14 +25,26 @@ __all__ = [
     "variants_for_shapes",
 ]
 
-#: Kernel family (module under ``nvfp4_ops.kernels.cute``) per token tile ``block_m``. Every
-#: family exposes the same call interface (see ``w4a16_gemm.W4A16GroupedGemm``) plus
-#: ``choose_config``, ``compile_gemm`` and ``supported``; a shape a family does not cover runs
-#: on the ``mma.sync`` kernel (``w4a16_gemm``), which covers every ``N_out % 16, K % 128``.
-_FAMILY_FOR_BLOCK_M = {8: "w4a16_gemm", 16: "w4a16_gemm", 32: "w4a16_gemm", 64: "w4a16_gemm"}
+#: Kernel families (modules under ``nvfp4_ops.kernels.cute``). Every family has the same call
+#: interface (see ``w4a16_gemm.W4A16GroupedGemm``) plus ``BLOCK_MS``, ``choose_config``,
+#: ``compile_gemm`` and ``supported``. The ``mma.sync`` kernel (``w4a16_gemm``) covers every
+#: ``N_out % 16, K % 128`` problem and is the fallback for shapes another family refuses.
+_SMALL = "w4a16_gemm"  # decode: few tokens per tile, weights streamed once
+_WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = "w4a16_gemm"
-_BLOCK_MS = tuple(sorted(_FAMILY_FOR_BLOCK_M))
+#: every token tile some family serves (dense and grouped)
+_BLOCK_MS = (8, 16, 32, 64, 128, 256)
 _dummies: dict[tuple, torch.Tensor] = {}
+
+
+def _family(block_m: int, grouped: bool) -> str:
+    """Which family serves a token tile. Dense tiles up to 32 tokens are decode-shaped (the
+    WGMMA kernel has too few CTAs there); grouped (MoE) tiles of 16-32 rows still go to WGMMA,
+    which measured faster on V4-Flash at T=512 (GEMM pair 2026 us at block_m 16 vs ~2600 us for
+    mma.sync; benchmarks/results/wgmma_dev_h200.txt)."""
+    if block_m <= 8 or (block_m <= 32 and not grouped):
+        return _SMALL
+    return _WGMMA
 
 
 def _kernel_module(name: str):
@@ -44,14 +56,24 @@ def _gemm_module():
     return _kernel_module(_FALLBACK)
 
 
+def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
+    return block_m in mod.BLOCK_MS and mod.supported(n_out, k)
+
+
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   has_bias: bool = False, grouped: bool = False):
-    """The kernel config for a GEMM problem: the family registered for ``block_m`` when it
-    covers the shape, else the ``mma.sync`` kernel (same ``block_m`` when it has it, else
-    its largest tile; only for dense problems, where any tile is valid). Static sizes only."""
+    """The kernel config for a GEMM problem (static sizes only): the family of
+    :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
+    ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
+
+    Raises:
+        ValueError: a grouped problem no family covers at ``block_m`` (see
+            :func:`grouped_supported`; the MoE routing pads to ``block_m``, so the tile cannot
+            change).
+    """
     n_out = n // 2 if epilogue == "swiglu" else n
-    mod = _kernel_module(_FAMILY_FOR_BLOCK_M[block_m])
-    if mod.supported(n_out, k):
+    mod = _kernel_module(_family(block_m, grouped))
+    if _covers(mod, n_out, k, block_m):
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped)
     fallback = _gemm_module()
     if block_m not in fallback.BLOCK_MS:
@@ -62,21 +84,23 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
 
 
 def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
-    """Whether a grouped GEMM with token tile ``block_m`` covers ``(N_out, K)`` (the MoE
-    routing pads expert segments to ``block_m``, so a grouped tile cannot be swapped)."""
-    mod = _kernel_module(_FAMILY_FOR_BLOCK_M[block_m])
-    if mod.supported(n_out, k):
-        return True
-    fallback = _gemm_module()
-    return block_m in fallback.BLOCK_MS and fallback.supported(n_out, k)
+    """Whether a grouped GEMM with token tile ``block_m`` covers ``(N_out, K)``."""
+    return (_covers(_kernel_module(_family(block_m, True)), n_out, k, block_m)
+            or _covers(_gemm_module(), n_out, k, block_m))
 
 
 def block_m_for_tokens(num_tokens: int) -> int:
-    """Token tile for a dense linear of ``num_tokens`` rows (static: from the shape only)."""
-    for bm in _BLOCK_MS:
+    """Token tile for a dense linear of ``num_tokens`` rows (static: from the shape only).
+
+    Up to 64 tokens: the smallest tile that holds them. Then 128 up to 512 tokens (more
+    m-tiles keep more CTAs busy: 7168 output features make only 56 row blocks of 128), 256
+    beyond (half the weight decode per token: 615 vs 460 TFLOP/s at M=8192 on H200,
+    benchmarks/results/wgmma_dev_h200.txt).
+    """
+    for bm in (8, 16, 32, 64):
         if num_tokens <= bm:
             return bm
-    return _BLOCK_MS[-1]
+    return 128 if num_tokens <= 512 else 256
 
 
 def supported(n_out: int, k: int) -> bool:

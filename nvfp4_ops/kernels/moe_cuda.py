@@ -42,28 +42,26 @@ from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padde
 __all__ = ["BLOCK_MS", "choose_block_m", "moe_cuda", "moe_forward", "moe_supported",
            "padded_rows", "warmup_triton"]
 
-#: token-tile sizes of the grouped GEMM (kept in step with ``kernels.cute.w4a16_gemm.BLOCK_MS``
-#: by ``tests/test_moe_routing.py``; not imported from there so this module loads without
-#: CuTeDSL).
-BLOCK_MS = (8, 16, 32, 64)
+#: token-tile sizes of the grouped GEMMs (kept in step with ``linear_cuda._BLOCK_MS`` by
+#: ``tests/test_moe_routing.py``; not imported from there so this module loads without CuTeDSL).
+BLOCK_MS = (8, 16, 32, 64, 128, 256)
 
 
 def choose_block_m(num_slots: int, num_experts: int) -> int:
-    """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts.
+    """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts: the
+    smallest tile that holds the mean count of rows per expert (256 beyond that).
 
-    Chosen from a sweep of the whole op on H200 / V4-Flash (``bench_moe.py --sweep``,
-    ``benchmarks/results/moe_h200_v4-flash_sweep.json``, µs per block_m 8/16/32/64):
-    T = 128 (mean 3 slots per expert): 2363 / 2844 / 4629 / 4947; T = 512 (mean 12): 4405 / 3133
-    / 4734 / 5192; T = 4096 (mean 96): 24874 / 15907 / 14329 / 9795. The small tiles (split-K
-    kernels) win while a typical expert fits in one tile, the 64-token tile (no split-K) as
-    soon as it does not; 32 never won. So: the smallest of 8/16 that holds the mean count,
-    else 64. Pure function of static sizes.
+    Tiles of 8 run the decode kernel (a tile per used expert, weights streamed once); 16-256
+    run the WGMMA kernel. Measured on H200 / V4-Flash (GEMM pair, benchmarks/results/
+    wgmma_dev_h200.txt): T=512 (mean 12 rows): block_m 16 / 32 / 64 = 2026 / 2182 / 2732 us;
+    T=4096 (mean 96): 64 / 128 = 5207 / 4150 us; T=16384 (mean 384): 128 / 256 = 14075 /
+    12157 us. Pure function of static sizes.
     """
     mean = num_slots / max(1, num_experts)
-    for block_m in (8, 16):
+    for block_m in BLOCK_MS:
         if mean <= block_m:
             return block_m
-    return 64
+    return BLOCK_MS[-1]
 
 
 def moe_supported(hidden_size: int, inter: int) -> bool:
@@ -168,11 +166,18 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
 
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
-    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+    from nvfp4_ops.kernels.linear_cuda import grouped_supported, grouped_w4a16_gemm
 
+    hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
+    block_m = choose_block_m(hidden.shape[0] * topk_ids.shape[1], w13.shape[0])
+    # a tile no kernel covers for these sizes (the WGMMA kernel needs N_out % 64): the
+    # largest smaller one that both GEMMs support (8 always is: mma.sync covers every size here)
+    while block_m > BLOCK_MS[0] and not (grouped_supported(inter, hidden_size, block_m)
+                                         and grouped_supported(hidden_size, inter, block_m)):
+        block_m = BLOCK_MS[BLOCK_MS.index(block_m) - 1]
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                       gemm=grouped_w4a16_gemm)
+                       gemm=grouped_w4a16_gemm, block_m=block_m)
 
 
 def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",
