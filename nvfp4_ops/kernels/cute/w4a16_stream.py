@@ -1,0 +1,667 @@
+"""Exact W4A16 NVFP4 grouped GEMM for decode on Hopper (sm_90a): weights streamed global ->
+shared memory by the bulk-copy (TMA) engine through an mbarrier pipeline. CuTeDSL.
+
+Same contract and math as :mod:`nvfp4_ops.kernels.cute.w4a16_gemm` (read its module docstring
+for the interface): ``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n,
+k//16] * w_global[g, n])`` for every token row ``p`` of an m-tile whose group is ``g =
+tile_expert[tile]`` (``-1`` = skip, rows never written), epilogues ``none`` (+ bias),
+``swiglu`` (gate rows ``[0, N/2)``, up rows ``[N/2, N)``, each with its own global) and
+``row_scale``. Arguments, in order: ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``,
+``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``, ``w_global`` fp32 ``[G, N]``, ``out`` bf16
+``[P, N_out]``, ``tile_expert`` i32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``,
+``bias`` bf16 ``[N]`` (one-element dummies when unused), ``swiglu_limit`` fp32, stream.
+``P`` is symbolic; the grid is ``(N_out / rows_out_per_cta, ceil(P / block_m))``.
+
+CTA structure (warp specialised)
+--------------------------------
+* One producer warp. Each of its lanes owns one weight row of the CTA (16 * ``row_groups``
+  rows, twice that for SwiGLU: gate rows and the matching up rows) and, per K chunk of ``kc =
+  128 * warps_k * steps`` values, issues two ``cp.async.bulk`` copies (``kc/2`` code bytes,
+  ``kc/16`` scale bytes; checkpoint layout, no re-layout) into stage ``c % stages`` of a ring of
+  ``stages`` buffers, completing on that stage's *full* mbarrier (transaction bytes). Before
+  refilling a stage it waits on the stage's *empty* mbarrier.
+* ``warps_k`` consumer warps. Consumer ``w`` takes the 128-k steps ``w, w + warps_k, ...`` of
+  each chunk for all the CTA's rows (deterministic in-CTA split-K: partial sums are added in
+  warp order through shared memory at the end, no atomics), and arrives on *empty* (all 32
+  lanes) once it has read a stage.
+* At exit thread 0 invalidates the mbarriers (``inval``): the PTX ISA requires it before the
+  shared memory is used for anything else (the next CTA on the SM).
+
+Stage release (a measured race)
+-------------------------------
+A plain ``mbarrier.arrive`` on *empty* right after the last ``ld.shared`` of a stage is not
+enough. In the SASS (ptxas 13.0) the arrive follows the last ``LDS.128`` with no scoreboard
+wait, before the MMAs that consume it; on H200 this gave non-deterministic wrong outputs (about
+12k of 1.4M elements at P=199, the 3 runs differing; benchmarks/results/stream_dev_h200.txt, run
+2), consistent with the next round's bulk copy (async proxy) overwriting data not yet read. Both
+fixes were exact and bitwise reproducible in every run since: ``release="fence"`` issues
+``fence.proxy.async.shared::cta`` before the arrive (the memory-model answer for generic reads
+followed by async-proxy writes), ``release="lag"`` frees the stage of chunk ``c - 1`` only after
+waiting for chunk ``c`` (its loads were consumed by the previous iteration's MMAs; one fewer
+stage in flight).
+
+Shared-memory layout of a stage: weight row ``r`` at ``r * w_stride`` (``w_stride = kc/2`` plus
+64 bytes when ``kc/2`` is a multiple of 128), then the scale rows at ``s_stride`` (an odd
+multiple of 16 bytes). A consumer lane ``(g, c)`` (``g = lane / 4``, ``c = lane % 4``) reads 16
+bytes of rows ``g`` and ``g + 8`` at column ``64 * step + 16 c`` (physical k ``32c .. 32c + 31``
+of the step, the same per-lane k chunk as w4a16_gemm): each 8-lane phase of the 128-bit load
+touches two rows 64 bytes apart modulo 128, so the loads are bank-conflict free; likewise the
+2-byte scale loads (8 rows at distinct 16-byte offsets modulo 128).
+
+FP4 decode (``pair4``): a lane's u32 word holds 8 codes of physical k ``p .. p+7`` (code ``j``
+in nibble ``j``). Output register ``j`` (``j = 0..3``) pairs code ``j`` (low bf16) with code
+``j+4`` (high bf16): ``r = word << (12 - 4j)`` puts both nibbles at bits 12-15 / 28-31 (sign bits
+in place), ``q = word << (6 - 4j)`` (or ``(word >> 8) << (14 - 4j)`` for ``j >= 2``) puts the 3
+magnitude bits at bits 6-8 / 22-24, and ``(r & 0x80008000) | (q & 0x01C001C0)`` is exactly
+``e2m1 * 2^-126`` per bf16, as in fp4_ptx.decode_word_shift; one bf16x2 multiply by
+``block_scale * 2^119`` gives ``e2m1 * block_scale * 2^-7`` (exact; the epilogue multiplies the
+fp32 accumulator by 2^7). Per pair that is 2 logic ops + 2 left shifts, which ptxas emits as
+IMAD.SHL on the multiply pipe (SASS per u32 word: 8 LOP3, ~7 IMAD.SHL, 1-2 SHF), instead of a
+byte permute + 3 logic/shift ops, all on the integer ALU pipe, for ``shift``. Pairing
+``(j, j+4)`` instead of ``(2j, 2j+1)`` changes the MMA's k order only; the activation B
+fragment takes the same pairs with one ``prmt`` per register: from the 16-byte load ``x0..x3``
+of ``a[token, p:p+8]``, ``(p+j, p+j+4)`` is ``prmt(x[j/2], x[j/2 + 2])`` (low or high halves).
+MMA ``s`` of a word (``mma.sync.m16n8k16``, weights as A with rows on M, tokens as B on N) takes
+pairs ``2s`` and ``2s + 1`` as its logical k ``{2c, 2c+1}`` and ``{2c+8, 2c+9}``.
+
+Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
+with the token clamped to ``P - 1`` so no row past ``P`` is read.
+
+Measured (H200, CUDA-graph replay, cold L2, :func:`choose_config`; stream_dev_h200.txt run 3):
+dense M=1 (7168, 18432) 34.9 us = 2.13 TB/s (w4a16_gemm 36.1, bf16 68.6), (18432, 7168)
+32.2 us = 2.31 TB/s (37.6, 70.4); MoE V4-Flash T=1 gate/up 31.2 us (34.8), down 17.0 us
+(19.3). The consumers are not ALU-bound (the ``pair4`` decode halves the integer-pipe work per
+byte, yet issue utilisation is low); time follows resident CTAs per SM and wave/tail effects
+(more stages = more shared memory = fewer CTAs got slower; 8-row CTAs for balance did not help).
+block_m 16/32 is slower than w4a16_gemm (x fragments and prmts are not amortised over rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass.cute.arch import inline_ptx
+
+from nvfp4_ops.kernels.cute.fp4_ptx import ld_v4_at, mma_m16n8k16, scales_to_bf16x2_pre
+
+__all__ = [
+    "BLOCK_MS",
+    "EPILOGUES",
+    "StreamConfig",
+    "W4A16StreamGemm",
+    "choose_config",
+    "compile_gemm",
+    "supported",
+]
+
+EPILOGUES = ("none", "swiglu", "row_scale")
+#: how a consumer frees a stage (module docstring, "Stage release"): after a generic->async
+#: proxy fence at the end of its chunk (``fence``), or one chunk later, once it holds the next
+#: stage (``lag``)
+RELEASES = ("fence", "lag")
+#: token tiles (decode sizes; prefill keeps using w4a16_gemm)
+BLOCK_MS = (8, 16, 32)
+#: bytes of shared memory an sm_90 CTA may use (227 KB)
+_SMEM_LIMIT = 227 * 1024
+_BAR_BYTES = 128  # full[8] + empty[8] mbarriers
+
+
+def _odd16(nbytes: int) -> int:
+    """Smallest multiple of 16 >= nbytes that is an odd multiple of 16 (bank-conflict free
+    2-byte scale loads: 8 rows land on 8 distinct 16-byte slots modulo 128)."""
+    v = -(-nbytes // 16)
+    return 16 * (v if v % 2 == 1 else v + 1)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Everything that changes the generated code (P and G are symbolic).
+
+    ``row_groups``: MMA row sets per CTA (per half for SwiGLU); ``warps_k``: consumer warps
+    (split K inside the CTA); ``steps``: 128-k steps per consumer per stage (stage K chunk
+    ``kc = 128 * warps_k * steps``); ``stages``: pipeline depth; ``release``: ``fence`` or
+    ``lag`` (module docstring); ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row
+    sets (A rows 8-15 zero) for twice the CTAs.
+    """
+
+    n: int
+    k: int
+    epilogue: str = "none"
+    has_bias: bool = False
+    grouped: bool = False
+    block_m: int = 8
+    row_groups: int = 1
+    warps_k: int = 4
+    steps: int = 2
+    stages: int = 4
+    release: str = "fence"
+    inval: bool = True
+    rows8: bool = False
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        if self.release not in RELEASES:
+            raise ValueError(f"release must be one of {RELEASES}, got {self.release!r}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
+        if self.has_bias and self.epilogue != "none":
+            raise ValueError("bias is only supported with the 'none' epilogue")
+        if self.epilogue == "swiglu" and self.n % 32 != 0:
+            raise ValueError("swiglu needs N % 32 == 0")
+        if self.n_out % self.rows_out != 0:
+            raise ValueError(f"N_out={self.n_out} must be a multiple of {self.rows_out}")
+        if self.kc % 256 != 0 or self.k % self.kc != 0:
+            raise ValueError(f"K={self.k} must be a multiple of the chunk {self.kc}, itself a "
+                             "multiple of 256 (16-byte scale copies)")
+        if self.rows_phys > 64:
+            raise ValueError("at most 64 weight rows per CTA")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"stages must be in [2, 8], got {self.stages}")
+        if not 1 <= self.warps_k <= 8:
+            raise ValueError(f"warps_k must be in [1, 8], got {self.warps_k}")
+        if self.smem_bytes > _SMEM_LIMIT:
+            raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
+
+    @property
+    def n_out(self) -> int:
+        return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
+    def kc(self) -> int:
+        """K values per pipeline stage."""
+        return 128 * self.warps_k * self.steps
+
+    @property
+    def set_rows(self) -> int:
+        """Weight rows per MMA row set: 16, or 8 with ``rows8`` (rows 8-15 of the MMA's A
+        operand are zero: half the MMA is wasted, but twice as many CTAs balance the SMs)."""
+        return 8 if self.rows8 else 16
+
+    @property
+    def rows_out(self) -> int:
+        """Output features per CTA."""
+        return self.set_rows * self.row_groups
+
+    @property
+    def rows_phys(self) -> int:
+        """Weight rows streamed per CTA (gate + up rows for SwiGLU)."""
+        return self.rows_out * (2 if self.epilogue == "swiglu" else 1)
+
+    @property
+    def w_stride(self) -> int:
+        wb = self.kc // 2
+        return wb + (64 if wb % 128 == 0 else 0)
+
+    @property
+    def s_stride(self) -> int:
+        return _odd16(self.kc // 16)
+
+    @property
+    def stage_bytes(self) -> int:
+        raw = self.rows_phys * (self.w_stride + self.s_stride)
+        return -(-raw // 128) * 128
+
+    @property
+    def red_len(self) -> int:
+        acc_len = 4 * (self.block_m // 8) * (self.rows_phys // self.set_rows)
+        return max(1, (self.warps_k - 1) * 32 * acc_len)
+
+    @property
+    def smem_bytes(self) -> int:
+        return _BAR_BYTES + self.stages * self.stage_bytes + 4 * self.red_len + 128
+
+    @property
+    def name(self) -> str:
+        return (
+            f"w4a16s_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
+            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_rg{self.row_groups}"
+            f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
+            f"_{self.release}{'_inv' if self.inval else ''}"
+            f"{'_r8' if self.rows8 else ''}"
+            f"_{self.arch}"
+        )
+
+
+def supported(n_out: int, k: int) -> bool:
+    """Whether :func:`choose_config` covers this problem (N_out % 16, K % 256)."""
+    return n_out % 16 == 0 and k % 256 == 0
+
+
+def choose_config(
+    n: int,
+    k: int,
+    block_m: int,
+    epilogue: str = "none",
+    has_bias: bool = False,
+    grouped: bool = False,
+) -> StreamConfig:
+    """The config for a problem: a pure function of static sizes and ``block_m``.
+
+    From the H200 sweep (benchmarks/results/stream_dev_h200.txt, run 3; CUDA-graph replay, cold
+    L2). What counts is resident CTAs per SM (shared memory per CTA) and 1 KB+ chunks:
+
+    * grouped / SwiGLU (MoE gate-up K=4096, down K=2048): 2 consumer warps, 512-k chunks, 2
+      stages (21 KB per CTA for 32 gate+up rows): gate/up at T = 1/7/16/32 tokens 31.2 / 168 /
+      333 / 565 us vs 34.8 / 168 / 332 / 553 for w4a16_gemm; down 17.0 / 82.2 / 176 / 292 vs
+      19.3 / 90.5 / 179 / 304. (4 warps, 1024-k chunks, 3 stages gets gate/up T=1 to 29.9 us but
+      is 10 % slower than w4a16_gemm from T = 7 on: 3 CTAs per SM instead of 5.)
+    * dense, block_m 8: 4 consumer warps, 1024-k chunks, 4 stages: M=1 (7168, 18432) 34.9 us
+      (36.1 w4a16_gemm, 68.6 bf16), (18432, 7168) 32.2 us (37.6, 70.4).
+    * block_m 16 / 32: w4a16_gemm is faster (M=16 42.7 vs 51.7 us at (7168, 18432)); the best
+      streamed configs are returned (lagged release, 3 / 4 stages).
+
+    Smaller chunks are used when K is not a multiple of the preferred one.
+    """
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if not supported(n_out, k):
+        raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
+    if grouped or epilogue == "swiglu":
+        prefs = [(2, 2, 2, "fence")]
+    elif block_m == 8:
+        prefs = [(4, 2, 4, "fence")]
+    else:
+        prefs = [(4, 2, 3 if block_m == 16 else 4, "lag")]
+    # fallbacks: 512-k, then 256-k chunks (K is a multiple of 256)
+    prefs += [(2, 2, 3, "fence"), (2, 1, 4, "fence")]
+    for warps_k, steps, stages, release in prefs:
+        if k % (128 * warps_k * steps) == 0:
+            return StreamConfig(n, k, epilogue, has_bias, grouped, block_m, row_groups=1,
+                                warps_k=warps_k, steps=steps, stages=stages, release=release)
+    raise AssertionError("unreachable: K % 256 == 0")
+
+
+# --------------------------------------------------------------------------------------------
+# PTX helpers (shared-memory addresses are 32-bit .shared::cta addresses)
+# --------------------------------------------------------------------------------------------
+
+
+def _mbar_init(bar: Int32, count: int) -> None:
+    inline_ptx(f"mbarrier.init.shared::cta.b64 [{{$r0}}], {count};", read_only_args=[bar])
+
+
+def _mbar_wait(bar: Int32, parity: Int32) -> None:
+    """Spin until the phase with parity ``parity`` of ``bar`` has completed."""
+    inline_ptx(
+        "{\n"
+        ".reg .pred p;\n"
+        "LAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [{$r0}], {$r1};\n"
+        "@!p bra LAB_WAIT;\n"
+        "}",
+        read_only_args=[bar, parity],
+    )
+
+
+def _mbar_arrive(bar: Int32) -> None:
+    inline_ptx("mbarrier.arrive.shared::cta.b64 _, [{$r0}];", read_only_args=[bar])
+
+
+def _mbar_inval(bar: Int32) -> None:
+    inline_ptx("mbarrier.inval.shared::cta.b64 [{$r0}];", read_only_args=[bar])
+
+
+def _fence_proxy_async() -> None:
+    inline_ptx("fence.proxy.async.shared::cta;")
+
+
+def _mbar_arrive_expect_tx(bar: Int32, tx_bytes: int) -> None:
+    inline_ptx(f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [{{$r0}}], {tx_bytes};",
+               read_only_args=[bar])
+
+
+def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
+    """``nbytes`` (multiple of 16; both addresses 16-byte aligned) global -> shared by the
+    bulk-copy engine, completing ``nbytes`` transaction bytes on ``bar``."""
+    inline_ptx(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+        f"[{{$r0}}], [{{$r1}}], {nbytes}, [{{$r2}}];",
+        read_only_args=[dst, src, bar],
+    )
+
+
+def _lds_v4(addr: Int32, offset: int):
+    return inline_ptx(
+        f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[addr],
+    )
+
+
+def _lds_u16(addr: Int32, offset: int):
+    return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
+                      write_only_types=[Int32], read_only_args=[addr])
+
+
+def _pair_halves(x_lo: Int32, x_hi: Int32):
+    """(x_lo.lo16 | x_hi.lo16 << 16, x_lo.hi16 | x_hi.hi16 << 16)."""
+    return inline_ptx(
+        "prmt.b32 {$w0}, {$r0}, {$r1}, 0x5410;\n"
+        "prmt.b32 {$w1}, {$r0}, {$r1}, 0x7632;",
+        write_only_types=[Int32, Int32],
+        read_only_args=[x_lo, x_hi],
+    )
+
+
+def decode_word_pair4(word: Int32, scale2: Int32):
+    """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 words, word j = (code j, code j+4) *
+    scale * 2^-7, with ``scale2`` = ``scale * 2^119`` twice (fp4_ptx.scales_to_bf16x2_pre).
+    See the module docstring for the bit moves."""
+    body = ["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
+    for j in range(4):
+        if j < 2:
+            src_q, sh_q = "{$r0}", 6 - 4 * j
+        else:
+            src_q, sh_q = "wr", 14 - 4 * j
+        sh_r = 12 - 4 * j
+        body.append(f"shl.b32 r, {{$r0}}, {sh_r};\n" if sh_r else "mov.b32 r, {$r0};\n")
+        body += [
+            f"shl.b32 q, {src_q}, {sh_q};\n",
+            "and.b32 q, q, 0x01C001C0;\n",
+            "and.b32 r, r, 0x80008000;\n",
+            "or.b32 r, r, q;\n",
+            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
+        ]
+    body.append("}")
+    return inline_ptx(
+        "".join(body),
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[word, scale2],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------
+
+
+class W4A16StreamGemm:
+    """The CuTeDSL kernel for one :class:`StreamConfig`; see the module docstring."""
+
+    def __init__(self, cfg: StreamConfig) -> None:
+        self.cfg = cfg
+        self.num_tiles = cfg.block_m // 8
+        self.num_row_sets = cfg.rows_phys // cfg.set_rows
+        self.frags = 1 if cfg.rows8 else 2  # 16-byte fragments per row set and lane
+        self.acc_len = 4 * self.num_tiles * self.num_row_sets
+        self.chunks = cfg.k // cfg.kc
+        self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16)
+        self.pipe_bytes = _BAR_BYTES + cfg.stages * cfg.stage_bytes
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+        num_rows = a.shape[0]
+        grid_n = cfg.n_out // cfg.rows_out
+        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
+        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
+                             swiglu_limit)
+        kernel.launch(
+            grid=[grid_n, grid_m, 1],
+            block=[32 * (cfg.warps_k + 1), 1, 1],
+            smem=cfg.smem_bytes,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+
+        num_rows = a.shape[0]
+        expert = Int32(0)
+        if const_expr(cfg.grouped):
+            expert = tile_expert[bidy]
+
+        smem = cutlass.memory.SmemAllocator()
+        pipe = smem.allocate(self.pipe_bytes, 128)
+        red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
+
+        if expert >= 0:
+            sbase = pipe.toint()
+            stage0 = sbase + _BAR_BYTES
+            row0 = bidx * cfg.rows_out
+            m0 = bidy * cfg.block_m
+            if tidx == 0:
+                for s in cutlass.range_constexpr(cfg.stages):
+                    _mbar_init(sbase + 8 * s, 1)
+                    _mbar_init(sbase + 64 + 8 * s, 32 * cfg.warps_k)
+                cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+
+            acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+            acc.fill(0.0)
+            if warp == cfg.warps_k:
+                self.producer(w, w_scale, expert, row0, lane, sbase, stage0)
+            else:
+                self.consumer(acc, a, expert, m0, warp, lane, num_rows, sbase, stage0)
+
+            # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in order
+            if const_expr(cfg.warps_k > 1):
+                if warp > 0 and warp < cfg.warps_k:
+                    slot = (warp - 1) * 32 + lane
+                    for j in cutlass.range_constexpr(self.acc_len):
+                        red[j * (cfg.warps_k - 1) * 32 + slot] = acc[j]
+            cute.arch.sync_threads()
+            if const_expr(cfg.inval):
+                if tidx == 0:
+                    for s in cutlass.range_constexpr(cfg.stages):
+                        _mbar_inval(sbase + 8 * s)
+                        _mbar_inval(sbase + 64 + 8 * s)
+            if warp == 0:
+                if const_expr(cfg.warps_k > 1):
+                    for q in cutlass.range_constexpr(cfg.warps_k - 1):
+                        slot = q * 32 + lane
+                        for j in cutlass.range_constexpr(self.acc_len):
+                            acc[j] = acc[j] + red[j * (cfg.warps_k - 1) * 32 + slot]
+                self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
+                              m0, lane // 4, lane % 4, num_rows)
+
+    @cute.jit
+    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0):
+        """Lane r streams weight row r of the CTA (rows r and r + 32 when there are 64)."""
+        cfg = self.cfg
+        n_static = cfg.n
+        k_static = cfg.k
+        kc = cfg.kc
+        w_base = w.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 2))
+        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 16))
+        rows_half = cfg.rows_out
+        n_lanes_rows = (cfg.rows_phys + 31) // 32
+        srcs_w = []
+        srcs_s = []
+        dsts_w = []
+        dsts_s = []
+        for j in cutlass.range_constexpr(n_lanes_rows):
+            r = lane + 32 * j
+            # physical row r: gate (or only) rows first, then the matching up rows
+            grow = row0 + r
+            if const_expr(cfg.epilogue == "swiglu"):
+                grow = row0 + r % rows_half + (r // rows_half) * (n_static // 2)
+            srcs_w.append(w_base + Int64(grow) * Int64(k_static // 2))
+            srcs_s.append(s_base + Int64(grow) * Int64(k_static // 16))
+            dsts_w.append(stage0 + r * cfg.w_stride)
+            dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
+        for c in cutlass.range(self.chunks, unroll=1):
+            s = c % cfg.stages
+            if c >= cfg.stages:
+                _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
+            full = sbase + 8 * s
+            if lane == 0:
+                _mbar_arrive_expect_tx(full, self.tx_bytes)
+            off = s * cfg.stage_bytes
+            for j in cutlass.range_constexpr(n_lanes_rows):
+                if lane + 32 * j < cfg.rows_phys:
+                    _bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
+                    _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // 16)), kc // 16,
+                              full)
+
+    @cute.jit
+    def consumer(self, acc, a, expert, m0, warp, lane, num_rows, sbase, stage0):
+        cfg = self.cfg
+        k_static = cfg.k
+        grp = lane // 4
+        quad = lane % 4
+        nq = self.num_row_sets
+        # this lane's bytes of weight row g (row set 0), its warp's first step of a chunk
+        lane_w = stage0 + grp * cfg.w_stride + quad * 16 + warp * 64
+        lane_s = stage0 + cfg.rows_phys * cfg.w_stride + grp * cfg.s_stride + quad * 2 + warp * 8
+        w_off = []
+        s_off = []
+        for q in cutlass.range_constexpr(nq):
+            for h in cutlass.range_constexpr(self.frags):
+                w_off.append((cfg.set_rows * q + 8 * h) * cfg.w_stride)
+                s_off.append((cfg.set_rows * q + 8 * h) * cfg.s_stride)
+        a_base = a.iterator.toint()
+        a_row_addr = []
+        for t in cutlass.range_constexpr(self.num_tiles):
+            token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
+            a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
+                              + Int64(quad * 64 + warp * 256))
+        for c in cutlass.range(self.chunks, unroll=1):
+            s = c % cfg.stages
+            _mbar_wait(sbase + 8 * s, (c // cfg.stages) % 2)
+            if const_expr(cfg.release == "lag"):
+                # free the previous chunk's stage only now: its shared loads have certainly
+                # been consumed by the MMAs of the previous iteration
+                if c > 0:
+                    _mbar_arrive(sbase + 64 + 8 * ((c + cfg.stages - 1) % cfg.stages))
+            off = s * cfg.stage_bytes
+            lw = lane_w + off
+            ls = lane_s + off
+            for u in cutlass.range_constexpr(cfg.steps):
+                kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
+                self.mma_step(acc, lw, ls, w_off, s_off, 64 * cfg.warps_k * u,
+                              8 * cfg.warps_k * u, a_row_addr, kb)
+            if const_expr(cfg.release == "fence"):
+                # order this warp's shared-memory reads (generic proxy) before the bulk copy
+                # (async proxy) that will overwrite the stage once the producer sees the arrive
+                _fence_proxy_async()
+                _mbar_arrive(sbase + 64 + 8 * s)
+
+    def mma_step(self, acc, lw, ls, w_off, s_off, wcol: int, scol: int, a_row_addr, kb):
+        """One 128-k step: fragments from shared memory, decode, MMA against the activations.
+
+        Plain Python (inlined while tracing); ``wcol``/``scol`` are static byte offsets.
+        """
+        nq = self.num_row_sets
+        nr = self.frags * nq
+        wv = []
+        scl = []
+        zero = None
+        if self.frags == 1:
+            # rows 8-15 of the A operand (a1, a3): a zero register, not an immediate
+            zero = inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[Int32])
+        for q2 in range(nr):
+            wv.append(_lds_v4(lw, w_off[q2] + wcol))
+            scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
+        x_addr = []
+        for t in range(self.num_tiles):
+            x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        for i in range(4):
+            dec = []
+            for q2 in range(nr):
+                dec.append(decode_word_pair4(wv[q2][i], scl[q2][i // 2]))
+            for t in range(self.num_tiles):
+                xv = ld_v4_at(x_addr[t], i * 16)
+                b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
+                b2, b3 = _pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
+                for q in range(nq):
+                    dg = dec[self.frags * q]
+                    d8 = dec[2 * q + 1] if self.frags == 2 else (zero, zero, zero, zero)
+                    base = 4 * (q * self.num_tiles + t)
+                    mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], b0, b1)
+                    mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], b2, b3)
+
+    @cute.jit
+    def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
+                 grp, quad, num_rows):
+        """C fragment f of column tile t, row set q: weight row 16 q + g + 8 (f // 2), token
+        8 t + 2 c + (f % 2). Row set q of the up half is ``row_groups + q``."""
+        cfg = self.cfg
+        half = cfg.n // 2
+        unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
+        for j in cutlass.range_constexpr(cfg.row_groups):
+            for t in cutlass.range_constexpr(self.num_tiles):
+                for f in cutlass.range_constexpr(2 * self.frags):
+                    token = m0 + t * 8 + quad * 2 + (f % 2)
+                    row = row0 + cfg.set_rows * j + grp + 8 * (f // 2)
+                    if token < num_rows:
+                        v = acc[4 * (j * self.num_tiles + t) + f] * unscale
+                        v = v * w_global[expert, row]
+                        if const_expr(cfg.epilogue == "swiglu"):
+                            q_up = cfg.row_groups + j
+                            up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
+                            up = up * w_global[expert, row + half]
+                            gate = cutlass.min(v, swiglu_limit)
+                            up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
+                            v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                        if const_expr(cfg.epilogue == "row_scale"):
+                            v = v * row_scale[token]
+                        if const_expr(cfg.has_bias):
+                            v = v + bias[row].to(Float32)
+                        out[token, row] = v.to(BFloat16)
+
+
+def compile_gemm(cfg: StreamConfig, extra_options: str = ""):
+    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
+
+    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
+    with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
+    stream.
+    """
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    from cutlass.runtime import make_fake_stream
+
+    sym = cute.sym_int
+    n, k = cfg.n, cfg.k
+    row_major2 = (1, 0)
+    row_major3 = (2, 1, 0)
+    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
+    w = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
+    )
+    w_scale = make_fake_compact_tensor(
+        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=16
+    )
+    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
+    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
+    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
+    row_scale = make_fake_compact_tensor(Float32, (sym(),))
+    bias = make_fake_compact_tensor(BFloat16, (sym(),))
+    return cute.compile(
+        W4A16StreamGemm(cfg),
+        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
+    )

@@ -1,0 +1,88 @@
+"""CI: every config :func:`w4a16_stream.choose_config` returns for the V4-Flash / V4-Pro layer
+shapes (shared-expert MLP and MoE GEMMs) and the two large linear shapes compiles for sm_90a
+on a CPU-only machine and exports to an object file (the GPU checks live in
+``benchmarks/dev_stream.py``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+pytest.importorskip("cutlass")
+
+from nvfp4_ops import get_shape  # noqa: E402
+from nvfp4_ops.kernels.cute import w4a16_stream  # noqa: E402
+
+LINEAR = [(7168, 18432), (18432, 7168)]
+
+
+def _problems():
+    """(n, k, epilogue, grouped) of every GEMM the shapes reach."""
+    out = []
+    for name in ("v4-flash", "v4-pro"):
+        s = get_shape(name)
+        out += [
+            (2 * s.shared_intermediate, s.hidden, "swiglu", False),
+            (s.hidden, s.shared_intermediate, "none", False),
+            (2 * s.intermediate, s.hidden, "swiglu", True),
+            (s.hidden, s.intermediate, "row_scale", True),
+        ]
+    out += [(n, k, "none", False) for n, k in LINEAR]
+    return out
+
+
+def _variants():
+    seen = {}
+    for n, k, epi, grouped in _problems():
+        for bm in w4a16_stream.BLOCK_MS:
+            cfg = w4a16_stream.choose_config(n, k, bm, epi, False, grouped)
+            seen.setdefault(cfg.name, cfg)
+    return list(seen.values())
+
+
+VARIANTS = _variants()
+
+
+def test_choose_config_contract():
+    assert len(VARIANTS) == len(_problems()) * len(w4a16_stream.BLOCK_MS)
+    for cfg in VARIANTS:
+        assert cfg.name.startswith("w4a16s_") and cfg.name.isidentifier()
+        assert cfg.n_out == (cfg.n // 2 if cfg.epilogue == "swiglu" else cfg.n)
+        assert cfg.k % cfg.kc == 0 and cfg.n_out % cfg.rows_out == 0
+        assert w4a16_stream.supported(cfg.n_out, cfg.k)
+        assert cfg.smem_bytes <= 227 * 1024
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)
+def test_variant_compiles_for_sm90a(cfg, tmp_path):
+    compiled = w4a16_stream.compile_gemm(cfg)
+    path = tmp_path / f"{cfg.name}.o"
+    compiled.export_to_c(str(path), function_name=cfg.name)
+    assert path.stat().st_size > 1000
+
+
+def test_bias_and_rows8_compile():
+    """Paths no choose_config result above takes: the bias epilogue and 8-row sets."""
+    for cfg in (w4a16_stream.choose_config(4096, 4096, 8, "none", True, False),
+                w4a16_stream.StreamConfig(4096, 4096, "swiglu", False, True, 16, rows8=True,
+                                          release="lag")):
+        w4a16_stream.compile_gemm(cfg)
+
+
+def test_bad_configs_rejected():
+    bad = [
+        dict(n=4096, k=4096 + 128),  # K not a multiple of the 1024-k chunk
+        dict(n=4096, k=4096, block_m=64),  # prefill tiles are w4a16_gemm's
+        dict(n=4096, k=4096, epilogue="swiglu", has_bias=True),
+        dict(n=4096, k=4096, release="end"),  # the racy release (module docstring)
+        dict(n=4096, k=4096, stages=12),
+        dict(n=4104, k=4096),  # N % 16
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            w4a16_stream.StreamConfig(**kw)
+    assert not w4a16_stream.supported(4096, 4096 + 128)
+    with pytest.raises(ValueError):
+        w4a16_stream.choose_config(4096, 4096 + 128, 8)
