@@ -29,21 +29,29 @@ __all__ = [
 #: interface (see ``w4a16_gemm.W4A16GroupedGemm``) plus ``BLOCK_MS``, ``choose_config``,
 #: ``compile_gemm`` and ``supported``. The ``mma.sync`` kernel (``w4a16_gemm``) covers every
 #: ``N_out % 16, K % 128`` problem and is the fallback for shapes another family refuses.
-_SMALL = "w4a16_gemm"  # decode: few tokens per tile, weights streamed once
+_STREAM = "w4a16_stream"  # 1-8 tokens: weights streamed global -> smem by the bulk-copy engine
+_MMA = "w4a16_gemm"  # 9-32 tokens (dense): mma.sync from a register ring
 _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
-_FALLBACK = "w4a16_gemm"
+_FALLBACK = _MMA
 #: every token tile some family serves (dense and grouped)
 _BLOCK_MS = (8, 16, 32, 64, 128, 256)
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
 def _family(block_m: int, grouped: bool) -> str:
-    """Which family serves a token tile. Dense tiles up to 32 tokens are decode-shaped (the
-    WGMMA kernel has too few CTAs there); grouped (MoE) tiles of 16-32 rows still go to WGMMA,
-    which measured faster on V4-Flash at T=512 (GEMM pair 2026 us at block_m 16 vs ~2600 us for
-    mma.sync; benchmarks/results/wgmma_dev_h200.txt)."""
-    if block_m <= 8 or (block_m <= 32 and not grouped):
-        return _SMALL
+    """Which family serves a token tile (H200 measurements, benchmarks/results/):
+
+    * 8: the streamed kernel (linear M=1 at (7168, 18432) 34.8 vs 36.2 us for mma.sync, MoE
+      V4-Flash T=1 GEMM pair 48.8 vs 54.3 us; stream_dev_h200.txt);
+    * dense 16-32: mma.sync (the streamed kernel was 0.8-0.9x of it there; the WGMMA kernel
+      has too few CTAs);
+    * grouped 16-32 and everything from 64: WGMMA (V4-Flash T=512 GEMM pair 2026 us at
+      block_m 16; linear M=8192 615 TFLOP/s; wgmma_dev_h200.txt).
+    """
+    if block_m <= 8:
+        return _STREAM
+    if block_m <= 32 and not grouped:
+        return _MMA
     return _WGMMA
 
 
@@ -194,7 +202,7 @@ def grouped_w4a16_gemm(
     fn(
         _aligned(a),
         _aligned(w),
-        w_scale.contiguous(),
+        _aligned(w_scale),
         w_global.contiguous(),
         out,
         tile_expert.contiguous() if tile_expert is not None else _dummy(torch.int32, dev),
