@@ -59,9 +59,13 @@ Measured on H200 (benchmarks/results/linear_sweep_ring_h200.json, CUDA-graph rep
 at (N, K) = (7168, 18432) M=1 36.1 us (2.06 TB/s; the ``lut`` decoder 39.3 us in the same run,
 bf16 matmul ~68 us), M=16 42.8 us; at (18432, 7168) M=1 38.3 us, M=16 49.5 us. Deeper rings
 (3/4/6 stages) and one row group per warp were slower (more registers, fewer resident warps),
-so the decode loop is issue/occupancy-bound, not short of loads in flight. Prefill reaches
-~180 TFLOP/s (mma.sync, x fragments re-read from L1 per warp); x staged in shared memory and
-WGMMA with weights as the register operand are the next steps for M >= 64.
+so the decode loop is issue/occupancy-bound, not short of loads in flight. Its 64-token tile
+reaches only ~180 TFLOP/s (x fragments re-read from L1 per warp).
+
+Role in the dispatch (``nvfp4_ops.kernels.linear_cuda._family``): dense tiles of 16-32 tokens,
+where it beat the streamed kernel (``w4a16_stream``: 0.8-0.9x of this one there), and the
+fallback for every shape the other families do not cover. 8-token tiles go to ``w4a16_stream``,
+larger ones to ``w4a16_wgmma``.
 """
 
 from __future__ import annotations
