@@ -61,3 +61,28 @@ def test_bad_configs_rejected():
         w4a16_gemm.GemmConfig(4096, 4096, block_m=24)
     with pytest.raises(ValueError):
         w4a16_gemm.GemmConfig(4096, 4096, epilogue="swiglu", has_bias=True)
+
+
+def test_dispatch_families_and_fallbacks():
+    """Which family serves which tile, and the mma.sync fallback for shapes WGMMA refuses."""
+
+    def family(cfg):
+        return type(cfg).__module__.rsplit(".", 1)[1]
+
+    assert family(linear_cuda.choose_config(7168, 18432, 8)) == "w4a16_stream"
+    assert family(linear_cuda.choose_config(7168, 18432, 16)) == "w4a16_gemm"
+    assert family(linear_cuda.choose_config(4096, 4096, 16, "swiglu", grouped=True)) == \
+        "w4a16_wgmma"
+    assert family(linear_cuda.choose_config(7168, 18432, 256)) == "w4a16_wgmma"
+    # N_out = 80: not a multiple of 64 -> dense falls back to mma.sync's largest tile
+    cfg = linear_cuda.choose_config(80, 1024, 128)
+    assert family(cfg) == "w4a16_gemm" and cfg.block_m == 64
+    # ... but a grouped tile cannot change (the routing padded to it): refused up front
+    assert not linear_cuda.grouped_supported(80, 1024, 128)
+    assert linear_cuda.grouped_supported(80, 1024, 16)  # mma.sync has 16-row tiles
+    with pytest.raises(ValueError, match="no kernel covers grouped"):
+        linear_cuda.choose_config(80, 1024, 128, grouped=True)
+    # K % 256 != 0: the streamed kernel refuses, mma.sync takes the 8-token tile
+    assert family(linear_cuda.choose_config(4096, 1152, 8)) == "w4a16_gemm"
+    assert [linear_cuda.block_m_for_tokens(m) for m in (1, 9, 17, 33, 65, 512, 513)] == \
+        [8, 16, 32, 64, 128, 128, 256]

@@ -333,3 +333,13 @@ def test_row_globals_with_inference_tensors_are_never_cached():
         w2_global.mul_(2)
         _, new2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
         assert torch.equal(new2, 2 * first2)
+
+
+def test_covered_block_m_keeps_every_tile_for_supported_sizes():
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels.moe_cuda import BLOCK_MS, covered_block_m
+
+    # every size moe_supported accepts (H, I multiples of 128) has a kernel at every tile
+    for hidden_size, inter in [(4096, 2048), (7168, 3072), (256, 128), (384, 640)]:
+        for bm in BLOCK_MS:
+            assert covered_block_m(bm, hidden_size, inter) == bm

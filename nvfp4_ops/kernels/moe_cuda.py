@@ -39,8 +39,8 @@ from nvfp4_ops._validate import tensor_version
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
-__all__ = ["BLOCK_MS", "choose_block_m", "moe_cuda", "moe_forward", "moe_supported",
-           "padded_rows", "warmup_triton"]
+__all__ = ["BLOCK_MS", "choose_block_m", "covered_block_m", "moe_cuda", "moe_forward",
+           "moe_supported", "padded_rows", "warmup_triton"]
 
 #: token-tile sizes of the grouped GEMMs (kept in step with ``linear_cuda._BLOCK_MS`` by
 #: ``tests/test_moe_routing.py``; not imported from there so this module loads without CuTeDSL).
@@ -62,6 +62,19 @@ def choose_block_m(num_slots: int, num_experts: int) -> int:
         if mean <= block_m:
             return block_m
     return BLOCK_MS[-1]
+
+
+def covered_block_m(block_m: int, hidden_size: int, inter: int) -> int:
+    """``block_m``, or the largest smaller tile both grouped GEMMs (gate/up: ``N_out = I``,
+    ``K = H``; down: ``N_out = H``, ``K = I``) have a kernel for (the WGMMA kernel needs
+    ``N_out % 64``; 8 always works here: mma.sync covers every size :func:`moe_supported`
+    accepts)."""
+    from nvfp4_ops.kernels.linear_cuda import grouped_supported
+
+    while block_m > BLOCK_MS[0] and not (grouped_supported(inter, hidden_size, block_m)
+                                         and grouped_supported(hidden_size, inter, block_m)):
+        block_m = BLOCK_MS[BLOCK_MS.index(block_m) - 1]
+    return block_m
 
 
 def moe_supported(hidden_size: int, inter: int) -> bool:
@@ -166,15 +179,11 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
 
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
-    from nvfp4_ops.kernels.linear_cuda import grouped_supported, grouped_w4a16_gemm
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
 
     hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
-    block_m = choose_block_m(hidden.shape[0] * topk_ids.shape[1], w13.shape[0])
-    # a tile no kernel covers for these sizes (the WGMMA kernel needs N_out % 64): the
-    # largest smaller one that both GEMMs support (8 always is: mma.sync covers every size here)
-    while block_m > BLOCK_MS[0] and not (grouped_supported(inter, hidden_size, block_m)
-                                         and grouped_supported(hidden_size, inter, block_m)):
-        block_m = BLOCK_MS[BLOCK_MS.index(block_m) - 1]
+    block_m = covered_block_m(choose_block_m(hidden.shape[0] * topk_ids.shape[1], w13.shape[0]),
+                              hidden_size, inter)
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                        gemm=grouped_w4a16_gemm, block_m=block_m)
