@@ -320,7 +320,7 @@ class W4A16WgmmaGemm:
         tiled_mma = cute.make_tiled_mma(
             warpgroup.MmaF16BF16Op(
                 BFloat16, Float32, (64, bm, 16), warpgroup.OperandSource.RMEM,
-                warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             )
         )
 
