@@ -1,10 +1,11 @@
-"""PTX building blocks shared by the W4A16 NVFP4 kernels (sm_90a): global loads at static
-offsets, exact e4m3 block-scale conversion, the two FP4 (e2m1) decoders and ``mma.sync``.
+"""PTX building blocks shared by the W4A16 NVFP4 kernels (sm_90a): global and shared loads at
+static offsets, exact e4m3 block-scale conversion, the FP4 (e2m1) decoders and ``mma.sync``.
 
 The FP4 decoders turn one u32 of 8 e2m1 codes (code j in nibble j, low nibble = even k, as in
-checkpoints) into 4 bf16x2 words (codes 2j, 2j+1 in the low / high half of word j), already
-multiplied by the e4m3 block scale. Both are exact: e2m1 (2 significant bits) times e4m3
-(4 significant bits) fits bf16's 8-bit significand. See each function for the bit tricks.
+checkpoints) into 4 bf16x2 words, already multiplied by the e4m3 block scale: codes (2j, 2j+1)
+in word j for ``lut`` and ``shift``, codes (j, j+4) for ``pair4``. All are exact: e2m1
+(2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit significand. See each
+function for the bit tricks.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from cutlass.cute.arch import inline_ptx
 
 __all__ = [
     "decode_word_lut",
+    "decode_word_pair4",
     "decode_word_shift",
     "ld_u16",
+    "ld_shared_v4_at",
     "ld_u16_at",
     "ld_v4",
     "ld_v4_at",
@@ -90,6 +93,15 @@ def ld_v4_at(addr: Int64, offset: int):
     )
 
 
+def ld_shared_v4_at(addr: Int32, offset: int):
+    """16-byte shared-memory load at ``addr + offset`` (32-bit shared address, 16-B aligned)."""
+    return inline_ptx(
+        f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[addr],
+    )
+
+
 def ld_u16_at(addr: Int64, offset: int):
     """2-byte read-only global load at ``addr + offset``, zero-extended to 32 bits."""
     return inline_ptx(
@@ -106,6 +118,16 @@ def scales_to_bf16x2_pre(two_scales: Int32):
     """
     return inline_ptx(_scales_ptx("0f7B000000"), write_only_types=[Int32, Int32],
                       read_only_args=[two_scales])
+
+
+def _decoder_call(body: list[str], word: Int32, scale2: Int32):
+    """Emit a decoder's PTX ``body`` (opened with ``{``) for one u32 of codes and a bf16x2
+    scale; returns its 4 bf16x2 words."""
+    return inline_ptx(
+        "".join(body) + "}",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[word, scale2],
+    )
 
 
 def decode_word_shift(word: Int32, scale2: Int32):
@@ -130,12 +152,7 @@ def decode_word_shift(word: Int32, scale2: Int32):
             "or.b32 r, r, t;\n",
             f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
         ]
-    body.append("}")
-    return inline_ptx(
-        "".join(body),
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[word, scale2],
-    )
+    return _decoder_call(body, word, scale2)
 
 
 @cute.jit
@@ -208,3 +225,25 @@ def mma_m16n8k16(acc: cute.Tensor, base: int, a0, a1, a2, a3, b0, b1):
     acc[base + 1] = d1
     acc[base + 2] = d2
     acc[base + 3] = d3
+
+
+def decode_word_pair4(word: Int32, scale2: Int32):
+    """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 words, word j = (code j, code j+4) *
+    scale * 2^-7, with ``scale2`` = ``scale * 2^119`` twice (fp4_ptx.scales_to_bf16x2_pre).
+    The bit moves are explained in ``w4a16_stream``'s module docstring (its decoder)."""
+    body = ["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
+    for j in range(4):
+        if j < 2:
+            src_q, sh_q = "{$r0}", 6 - 4 * j
+        else:
+            src_q, sh_q = "wr", 14 - 4 * j
+        sh_r = 12 - 4 * j
+        body.append(f"shl.b32 r, {{$r0}}, {sh_r};\n" if sh_r else "mov.b32 r, {$r0};\n")
+        body += [
+            f"shl.b32 q, {src_q}, {sh_q};\n",
+            "and.b32 q, q, 0x01C001C0;\n",
+            "and.b32 r, r, 0x80008000;\n",
+            "or.b32 r, r, q;\n",
+            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
+        ]
+    return _decoder_call(body, word, scale2)

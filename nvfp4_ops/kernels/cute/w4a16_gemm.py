@@ -85,10 +85,15 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
     scales_to_bf16x2,
     scales_to_bf16x2_pre,
 )
+from nvfp4_ops.kernels.cute.gemm_interface import (
+    EPILOGUES,
+    DirectLaunch,
+    clamped_swiglu,
+    compile_from_fakes,
+)
 
 __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
 
-EPILOGUES = ("none", "swiglu", "row_scale")
 #: FP4 decoders: ``shift`` (bit moves, weights pre-scaled by 2^-7, undone in the epilogue) or
 #: ``lut`` (byte-permute table lookups, the first version; kept for comparison sweeps).
 DECODES = ("shift", "lut")
@@ -200,7 +205,7 @@ def choose_config(
 # --------------------------------------------------------------------------------------------
 
 
-class W4A16GroupedGemm:
+class W4A16GroupedGemm(DirectLaunch):
     """The CuTeDSL kernel for one :class:`GemmConfig`; see the module docstring."""
 
     def __init__(self, cfg: GemmConfig) -> None:
@@ -213,33 +218,10 @@ class W4A16GroupedGemm:
         self.k_iters = cfg.k // (128 * cfg.warps_k)
         self.red_len = max(1, (cfg.warps_k - 1) * cfg.warps_n * 32 * self.acc_len)
         self.smem_bytes = 4 * self.red_len + 64
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        w: cute.Tensor,
-        w_scale: cute.Tensor,
-        w_global: cute.Tensor,
-        out: cute.Tensor,
-        tile_expert: cute.Tensor,
-        row_scale: cute.Tensor,
-        bias: cute.Tensor,
-        swiglu_limit: Float32,
-        stream,
-    ):
-        cfg = self.cfg
-        num_rows = a.shape[0]
-        grid_n = cfg.n_out // cfg.rows_per_cta
-        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
-        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
-                             swiglu_limit)
-        kernel.launch(
-            grid=[grid_n, grid_m, 1],
-            block=[32 * self.num_warps, 1, 1],
-            smem=self.smem_bytes,
-            stream=stream,
-        )
+        # launch geometry for DirectLaunch.__call__
+        self.features_per_cta = cfg.rows_per_cta
+        self.threads = 32 * self.num_warps
+        self.launch_smem = self.smem_bytes
 
     @cute.kernel
     def kernel(
@@ -415,9 +397,7 @@ class W4A16GroupedGemm:
                             q_up = cfg.row_groups + j
                             up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
                             up = up * w_global[expert, row + half]
-                            gate = cutlass.min(v, swiglu_limit)
-                            up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
-                            v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                            v = clamped_swiglu(v, up, swiglu_limit)
                         if const_expr(cfg.epilogue == "row_scale"):
                             v = v * row_scale[token]
                         if const_expr(cfg.has_bias):
@@ -431,28 +411,5 @@ def compile_gemm(cfg: GemmConfig, extra_options: str = ""):
     Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
     with torch tensors; it launches on torch's current stream.
     """
-    from cutlass.cute.runtime import make_fake_compact_tensor
-    from cutlass.runtime import make_fake_stream
-
-    sym = cute.sym_int
-    n, k = cfg.n, cfg.k
-    row_major2 = (1, 0)
-    row_major3 = (2, 1, 0)
-    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
-    w = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
-    )
-    w_scale = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=2
-    )
-    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
-    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
-    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
-    row_scale = make_fake_compact_tensor(Float32, (sym(),))
-    bias = make_fake_compact_tensor(BFloat16, (sym(),))
-    return cute.compile(
-        W4A16GroupedGemm(cfg),
-        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
-    )
+    return compile_from_fakes(W4A16GroupedGemm(cfg), cfg, scale_align=2,
+                              extra_options=extra_options)

@@ -85,7 +85,19 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 
-from nvfp4_ops.kernels.cute.fp4_ptx import ld_v4_at, mma_m16n8k16, scales_to_bf16x2_pre
+from nvfp4_ops.kernels.cute.fp4_ptx import (
+    decode_word_pair4,
+    ld_shared_v4_at,
+    ld_v4_at,
+    mma_m16n8k16,
+    scales_to_bf16x2_pre,
+)
+from nvfp4_ops.kernels.cute.gemm_interface import (
+    EPILOGUES,
+    DirectLaunch,
+    clamped_swiglu,
+    compile_from_fakes,
+)
 
 __all__ = [
     "BLOCK_MS",
@@ -97,7 +109,6 @@ __all__ = [
     "supported",
 ]
 
-EPILOGUES = ("none", "swiglu", "row_scale")
 #: how a consumer frees a stage (module docstring, "Stage release"): after a generic->async
 #: proxy fence at the end of its chunk (``fence``), or one chunk later, once it holds the next
 #: stage (``lag``)
@@ -324,14 +335,6 @@ def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
     )
 
 
-def _lds_v4(addr: Int32, offset: int):
-    return inline_ptx(
-        f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[addr],
-    )
-
-
 def _lds_u16(addr: Int32, offset: int):
     return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
                       write_only_types=[Int32], read_only_args=[addr])
@@ -347,39 +350,12 @@ def _pair_halves(x_lo: Int32, x_hi: Int32):
     )
 
 
-def decode_word_pair4(word: Int32, scale2: Int32):
-    """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 words, word j = (code j, code j+4) *
-    scale * 2^-7, with ``scale2`` = ``scale * 2^119`` twice (fp4_ptx.scales_to_bf16x2_pre).
-    See the module docstring for the bit moves."""
-    body = ["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
-    for j in range(4):
-        if j < 2:
-            src_q, sh_q = "{$r0}", 6 - 4 * j
-        else:
-            src_q, sh_q = "wr", 14 - 4 * j
-        sh_r = 12 - 4 * j
-        body.append(f"shl.b32 r, {{$r0}}, {sh_r};\n" if sh_r else "mov.b32 r, {$r0};\n")
-        body += [
-            f"shl.b32 q, {src_q}, {sh_q};\n",
-            "and.b32 q, q, 0x01C001C0;\n",
-            "and.b32 r, r, 0x80008000;\n",
-            "or.b32 r, r, q;\n",
-            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
-        ]
-    body.append("}")
-    return inline_ptx(
-        "".join(body),
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[word, scale2],
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # The kernel
 # --------------------------------------------------------------------------------------------
 
 
-class W4A16StreamGemm:
+class W4A16StreamGemm(DirectLaunch):
     """The CuTeDSL kernel for one :class:`StreamConfig`; see the module docstring."""
 
     def __init__(self, cfg: StreamConfig) -> None:
@@ -391,33 +367,10 @@ class W4A16StreamGemm:
         self.chunks = cfg.k // cfg.kc
         self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16)
         self.pipe_bytes = _BAR_BYTES + cfg.stages * cfg.stage_bytes
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        w: cute.Tensor,
-        w_scale: cute.Tensor,
-        w_global: cute.Tensor,
-        out: cute.Tensor,
-        tile_expert: cute.Tensor,
-        row_scale: cute.Tensor,
-        bias: cute.Tensor,
-        swiglu_limit: Float32,
-        stream,
-    ):
-        cfg = self.cfg
-        num_rows = a.shape[0]
-        grid_n = cfg.n_out // cfg.rows_out
-        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
-        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
-                             swiglu_limit)
-        kernel.launch(
-            grid=[grid_n, grid_m, 1],
-            block=[32 * (cfg.warps_k + 1), 1, 1],
-            smem=cfg.smem_bytes,
-            stream=stream,
-        )
+        # launch geometry for DirectLaunch.__call__ (consumer warps + the producer warp)
+        self.features_per_cta = cfg.rows_out
+        self.threads = 32 * (cfg.warps_k + 1)
+        self.launch_smem = cfg.smem_bytes
 
     @cute.kernel
     def kernel(
@@ -583,7 +536,7 @@ class W4A16StreamGemm:
             # rows 8-15 of the A operand (a1, a3): a zero register, not an immediate
             zero = inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[Int32])
         for q2 in range(nr):
-            wv.append(_lds_v4(lw, w_off[q2] + wcol))
+            wv.append(ld_shared_v4_at(lw, w_off[q2] + wcol))
             scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
         x_addr = []
         for t in range(self.num_tiles):
@@ -623,9 +576,7 @@ class W4A16StreamGemm:
                             q_up = cfg.row_groups + j
                             up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
                             up = up * w_global[expert, row + half]
-                            gate = cutlass.min(v, swiglu_limit)
-                            up = cutlass.max(cutlass.min(up, swiglu_limit), -swiglu_limit)
-                            v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                            v = clamped_swiglu(v, up, swiglu_limit)
                         if const_expr(cfg.epilogue == "row_scale"):
                             v = v * row_scale[token]
                         if const_expr(cfg.has_bias):
@@ -640,28 +591,5 @@ def compile_gemm(cfg: StreamConfig, extra_options: str = ""):
     with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
     stream.
     """
-    from cutlass.cute.runtime import make_fake_compact_tensor
-    from cutlass.runtime import make_fake_stream
-
-    sym = cute.sym_int
-    n, k = cfg.n, cfg.k
-    row_major2 = (1, 0)
-    row_major3 = (2, 1, 0)
-    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
-    w = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
-    )
-    w_scale = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=16
-    )
-    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
-    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
-    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
-    row_scale = make_fake_compact_tensor(Float32, (sym(),))
-    bias = make_fake_compact_tensor(BFloat16, (sym(),))
-    return cute.compile(
-        W4A16StreamGemm(cfg),
-        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
-    )
+    return compile_from_fakes(W4A16StreamGemm(cfg), cfg, scale_align=16,
+                              extra_options=extra_options)

@@ -73,7 +73,8 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from nvfp4_ops.kernels.cute.fp4_ptx import scales_to_bf16x2_pre
+from nvfp4_ops.kernels.cute.fp4_ptx import ld_shared_v4_at, scales_to_bf16x2_pre
+from nvfp4_ops.kernels.cute.gemm_interface import EPILOGUES, clamped_swiglu, compile_from_fakes
 
 __all__ = [
     "BLOCK_MS",
@@ -85,7 +86,6 @@ __all__ = [
     "supported",
 ]
 
-EPILOGUES = ("none", "swiglu", "row_scale")
 #: token tiles (WGMMA N) a binary can be compiled for: 64-256 for prefill, 16/32 for MoE experts
 #: with few rows each (the tile still streams the expert's weights once).
 BLOCK_MS = (16, 32, 64, 128, 256)
@@ -207,15 +207,6 @@ def choose_config(
 # --------------------------------------------------------------------------------------------
 # PTX helpers (this kernel only)
 # --------------------------------------------------------------------------------------------
-
-
-def _lds_v4(addr: Int32, offset: int):
-    """16-byte shared-memory load at ``addr + offset`` (32-bit shared address, 16-B aligned)."""
-    return inline_ptx(
-        f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{offset}];",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[addr],
-    )
 
 
 def _ldg_u32(addr: Int64):
@@ -564,8 +555,8 @@ class W4A16WgmmaGemm:
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
-        lo = _lds_v4(stage_w + off_lo, 16 * j)
-        hi = _lds_v4(stage_w + off_hi, 16 * j)
+        lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
+        hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
         for e in range(4):
             raw[e] = lo[e]
             raw[4 + e] = hi[e]
@@ -640,9 +631,7 @@ class W4A16WgmmaGemm:
                     lo = acc[4 * j + v0] * g_lo
                     hi = acc[4 * j + 2 + v0] * g_hi
                     if const_expr(cfg.epilogue == "swiglu"):
-                        gate = cutlass.min(lo, swiglu_limit)
-                        up = cutlass.max(cutlass.min(hi, swiglu_limit), -swiglu_limit)
-                        v = gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+                        v = clamped_swiglu(lo, hi, swiglu_limit)
                         out[token, row_lo] = v.to(BFloat16)
                     else:
                         if const_expr(cfg.epilogue == "row_scale"):
@@ -663,28 +652,5 @@ def compile_gemm(cfg: WgmmaConfig, extra_options: str = ""):
     with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
     stream.
     """
-    from cutlass.cute.runtime import make_fake_compact_tensor
-    from cutlass.runtime import make_fake_stream
-
-    sym = cute.sym_int
-    n, k = cfg.n, cfg.k
-    row_major2 = (1, 0)
-    row_major3 = (2, 1, 0)
-    a = make_fake_compact_tensor(BFloat16, (sym(), k), stride_order=row_major2, assumed_align=16)
-    w = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
-    )
-    w_scale = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=4
-    )
-    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
-    out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
-    tile_expert = make_fake_compact_tensor(Int32, (sym(),))
-    row_scale = make_fake_compact_tensor(Float32, (sym(),))
-    bias = make_fake_compact_tensor(BFloat16, (sym(),))
-    return cute.compile(
-        W4A16WgmmaGemm(cfg),
-        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
-    )
+    return compile_from_fakes(W4A16WgmmaGemm(cfg), cfg, scale_align=4,
+                              extra_options=extra_options)
