@@ -21,6 +21,8 @@ from nvfp4_ops.kernels import linear_cuda
 def main() -> None:
     module, tokens = sys.argv[1], sys.argv[2:]
     linear_cuda._WGMMA = module
+    linear_cuda.choose_config.cache_clear()
+    linear_cuda.grouped_supported.cache_clear()
     sys.path.insert(0, "benchmarks")
     import bench_moe
 

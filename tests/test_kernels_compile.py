@@ -27,7 +27,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
         from nvfp4_ops import get_shape
 
         s = get_shape(s_name)
-        for bm in linear_cuda._BLOCK_MS:
+        for bm in linear_cuda.BLOCK_MS:
             for n, k, epi, grouped in [
                 (2 * s.shared_intermediate, s.hidden, "swiglu", False),
                 (s.hidden, s.shared_intermediate, "none", False),

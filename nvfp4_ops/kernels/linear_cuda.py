@@ -8,6 +8,7 @@ shapes only, launches on torch's current stream (tvm-ffi reads it at call time).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable
 
@@ -16,6 +17,7 @@ import torch
 from nvfp4_ops import _compile
 
 __all__ = [
+    "BLOCK_MS",
     "block_m_for_tokens",
     "compiled_gemm",
     "grouped_w4a16_gemm",
@@ -33,8 +35,8 @@ _STREAM = "w4a16_stream"  # 1-8 tokens: weights streamed global -> smem by the b
 _MMA = "w4a16_gemm"  # 9-32 tokens (dense): mma.sync from a register ring
 _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = _MMA
-#: every token tile some family serves (dense and grouped)
-_BLOCK_MS = (8, 16, 32, 64, 128, 256)
+#: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
+BLOCK_MS = (8, 16, 32, 64, 128, 256)
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
@@ -68,9 +70,11 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
     return block_m in mod.BLOCK_MS and mod.supported(n_out, k)
 
 
+@functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   has_bias: bool = False, grouped: bool = False):
-    """The kernel config for a GEMM problem (static sizes only): the family of
+    """The kernel config for a GEMM problem (static sizes only, so cached: it runs on every
+    launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
     ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
 
@@ -91,6 +95,7 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     return fallback.choose_config(n, k, block_m, epilogue, has_bias, grouped)
 
 
+@functools.cache
 def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
     """Whether a grouped GEMM with token tile ``block_m`` covers ``(N_out, K)``."""
     return (_covers(_kernel_module(_family(block_m, True)), n_out, k, block_m)
@@ -279,7 +284,7 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
             n_out = n // 2 if epi == "swiglu" else n
             if not supported(n_out, k):
                 continue
-            for bm in _BLOCK_MS:
+            for bm in BLOCK_MS:
                 if grouped and not grouped_supported(n_out, k, bm):
                     continue
                 cfg = choose_config(n, k, bm, epi, False, grouped)

@@ -36,16 +36,12 @@ from collections.abc import Callable
 import torch
 
 from nvfp4_ops._validate import tensor_version
+from nvfp4_ops.kernels.linear_cuda import BLOCK_MS
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
 __all__ = ["BLOCK_MS", "choose_block_m", "covered_block_m", "moe_cuda", "moe_forward",
            "moe_supported", "padded_rows", "warmup_triton"]
-
-#: token-tile sizes of the grouped GEMMs (kept in step with ``linear_cuda._BLOCK_MS`` by
-#: ``tests/test_moe_routing.py``; not imported from there so this module loads without CuTeDSL).
-BLOCK_MS = (8, 16, 32, 64, 128, 256)
-
 
 def choose_block_m(num_slots: int, num_experts: int) -> int:
     """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts: the
