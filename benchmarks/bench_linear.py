@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _timing import capture, replay_median_us
 
 import nvfp4_ops
 from nvfp4_ops.reference import linear_fp32
@@ -56,21 +56,10 @@ def time_graph(make_call, sets: int, reps: int, iters: int) -> float:
     for c in calls[:sets]:
         c()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+    graph = capture(calls)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    return replay_median_us(graph, iters, calls_per_replay=reps)
 
 
 def bench_one(m: int, n: int, k: int, check: bool) -> Row:

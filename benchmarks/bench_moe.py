@@ -35,13 +35,13 @@ import datetime
 import importlib.metadata
 import json
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _timing import capture, replay_median_us
 
 import nvfp4_ops
 from nvfp4_ops.shapes import MoEShape, get_shape
@@ -146,21 +146,10 @@ def time_graph(fn, reps: int, warm_reps: int, flush: torch.Tensor) -> float:
         for _ in range(warm_reps):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.fill_(1)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+    graph = capture([fn])
+    t = replay_median_us(graph, reps, before_each=lambda: flush.fill_(1))
     del graph
-    return statistics.median(times)
+    return t
 
 
 def versions() -> dict[str, str]:

@@ -190,25 +190,15 @@ def check_close(out, ref, what, swiglu=False):
 
 def time_graph(calls, iters=30):
     import torch
+    from _timing import capture, replay_median_us
 
     for c in calls[:4]:
         c()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+    graph = capture(calls)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
+    return replay_median_us(graph, iters, calls_per_replay=len(calls))
 
 
 def run_linear(case, cfgs, old_cfg, reps, rows, errors):

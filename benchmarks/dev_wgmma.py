@@ -23,12 +23,12 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
+from _timing import capture, replay_median_us
 
 from nvfp4_ops import _compile
 
@@ -190,22 +190,10 @@ def time_graph(fns, reps, replays=7):
     """Median device time per call of ``fns`` (called round-robin, ``reps`` per graph)."""
     fns[0]()
     sync_or_die("timing warm-up")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            fns[i % len(fns)]()
+    graph = capture([fns[i % len(fns)] for i in range(reps)])
     graph.replay()
     sync_or_die("timing graph")
-    times = []
-    for _ in range(replays):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    return replay_median_us(graph, replays, calls_per_replay=reps)
 
 
 def bench_dense(results, gen, cases):
