@@ -84,6 +84,23 @@ GRP_SWEEP = [dict(row_groups=rg, warps_k=wk, steps=u, stages=st, release=rel, ro
                  (1, 2, 2, 2, "fence", True), (1, 2, 2, 4, "lag", True)]]
 
 
+#: session 3 (benchmarks/results/h200_2026-11-30_s3/stream_persist*.log): persistent CTAs
+#: (``ctas``) and the no-compute streaming diagnostic (``compute=False``)
+PERSIST_LIN = [dict(row_groups=1, warps_k=4, steps=2, stages=st, release="fence", rows8=r8,
+                    ctas=ct, compute=cp)
+               for st, r8, ct, cp in [
+                   (4, False, 0, False), (4, False, 132, True), (4, False, 264, True),
+                   (4, False, 396, True), (4, True, 528, True), (4, True, 660, True),
+                   (6, False, 132, True), (8, False, 132, True), (4, False, 264, False)]]
+PERSIST_GRP = [dict(row_groups=1, warps_k=wk, steps=u, stages=st, release="fence",
+                    ctas=ct, compute=cp)
+               for wk, u, st, ct, cp in [
+                   (2, 2, 2, 0, False), (4, 2, 2, 0, True), (4, 2, 3, 0, True),
+                   (4, 1, 3, 0, True), (8, 1, 2, 0, True), (8, 1, 3, 0, True),
+                   (4, 2, 3, 396, True), (4, 2, 3, 528, True), (4, 2, 2, 792, True),
+                   (4, 1, 4, 528, True), (8, 1, 2, 396, True), (8, 1, 3, 264, True)]]
+
+
 def p199_cfgs():
     """Odd P over several tiles, last one partial (rows past P must stay untouched)."""
     from nvfp4_ops.kernels.cute import w4a16_stream as S
@@ -95,6 +112,7 @@ def p199_cfgs():
             for rel in ("fence", "lag"):
                 cfgs.append(S.StreamConfig(n, k, "none", False, False, bm, 1, 4, 2, 4,
                                            release=rel, rows8=True))
+            cfgs.append(S.StreamConfig(n, k, "none", False, False, bm, 1, 4, 2, 4, ctas=264))
     return cfgs
 
 
@@ -110,21 +128,22 @@ def extra_cases():
     return out
 
 
-def plan(quick: bool):
+def plan(quick: bool, persist: bool = False, ms=None, kinds=("linear", "grouped")):
     """[(case dict, [stream cfgs], old cfg)]"""
     from nvfp4_ops.kernels.cute import w4a16_gemm as G
 
     cases = []
-    for n, k in LINEAR:
-        for m in MS:
+    lin_sweep, grp_sweep = (PERSIST_LIN, PERSIST_GRP) if persist else (LIN_SWEEP, GRP_SWEEP)
+    for n, k in LINEAR if "linear" in kinds else []:
+        for m in ms or MS:
             bm = bm_for(m)
-            sweep = [] if quick else LIN_SWEEP
+            sweep = [] if quick or bm != 8 else lin_sweep
             cases.append((dict(kind="linear", n=n, k=k, epi="none", m=m, bm=bm),
                           stream_cfgs(n, k, bm, "none", False, sweep),
                           G.choose_config(n, k, bm, "none", False, False)))
-    for n, k, epi in GROUPED:
-        for t in MS:
-            sweep = [] if quick else GRP_SWEEP
+    for n, k, epi in GROUPED if "grouped" in kinds else []:
+        for t in ms or MS:
+            sweep = [] if quick else grp_sweep
             cases.append((dict(kind="grouped", n=n, k=k, epi=epi, m=t, bm=8),
                           stream_cfgs(n, k, 8, epi, True, sweep),
                           G.choose_config(n, k, 8, epi, False, True)))
@@ -225,7 +244,8 @@ def run_linear(case, cfgs, old_cfg, reps, rows, errors):
         buf = torch.full((m + 8, n), float("nan"), dtype=torch.bfloat16, device=dev)
         fn(x, w0, s0, g0, buf[:m], te, rs, bias, LIMIT)
         torch.cuda.synchronize()
-        msg = check_close(buf[:m], ref, f"{cfg.name} M={m}")
+        msg = (check_close(buf[:m], ref, f"{cfg.name} M={m}")
+               if getattr(cfg, "compute", True) else None)
         if msg is None and not torch.isnan(buf[m:]).all():
             msg = f"{cfg.name} M={m}: rows past P written"
         if msg:
@@ -295,7 +315,8 @@ def run_grouped(case, cfgs, old_cfg, reps, rows, errors, experts_cache):
         fn(a0, w, s, gl, buf[:p], te0, rs0, bias, LIMIT)
         torch.cuda.synchronize()
         out = buf[:p]
-        msg = check_close(out[valid], ref[valid], f"{cfg.name} T={t_tok}", epi == "swiglu")
+        msg = (check_close(out[valid], ref[valid], f"{cfg.name} T={t_tok}", epi == "swiglu")
+               if getattr(cfg, "compute", True) else None)
         untouched = torch.isnan(out[~valid]).all() and torch.isnan(buf[p:]).all()
         if msg is None and not untouched:
             msg = f"{cfg.name} T={t_tok}: skipped-tile rows or rows past P written"
@@ -399,7 +420,8 @@ def run_extras(errors):
 def work(args):
     import multiprocessing as mp
 
-    cases = plan(args.quick)
+    cases = plan(args.quick, args.persist, [int(m) for m in args.ms.split(",")] if args.ms
+                 else None, args.kinds.split(","))
     all_cfgs = {c.name: c for c in p199_cfgs() + [c for c, *_ in extra_cases()]}
     for _, cfgs, old in cases:
         for c in cfgs + [old]:
@@ -461,11 +483,17 @@ def main() -> None:
     p.add_argument("--timeout", type=int, default=420)
     p.add_argument("--child", action="store_true")
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--persist", action="store_true",
+                   help="sweep persistent CTAs and the no-compute diagnostic instead")
+    p.add_argument("--ms", default="", help="comma-separated M / T list (default 1,7,16,32)")
+    p.add_argument("--kinds", default="linear,grouped", help="which cases: linear, grouped")
     args = p.parse_args()
     if args.child:
         work(args)
         return
     cmd = [sys.executable, __file__, "--child"] + (["--quick"] if args.quick else []) + (
+        ["--persist"] if args.persist else []) + (["--ms", args.ms] if args.ms else []) + (
+        ["--kinds", args.kinds]) + (
         ["--json", args.json] if args.json else []) + (
         ["--compile-only"] if args.compile_only else [])
     try:

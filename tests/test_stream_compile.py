@@ -63,12 +63,19 @@ def test_variant_compiles_for_sm90a(cfg, tmp_path):
     assert path.stat().st_size > 1000
 
 
-def test_bias_and_rows8_compile():
-    """Paths no choose_config result above takes: the bias epilogue and 8-row sets."""
+def test_bias_rows8_persistent_compile():
+    """Paths no choose_config result above takes: the bias epilogue, 8-row sets, persistent
+    CTAs (grouped and dense) and the no-compute streaming diagnostic."""
+    cfg_type = w4a16_stream.StreamConfig
     for cfg in (w4a16_stream.choose_config(4096, 4096, 8, "none", True, False),
-                w4a16_stream.StreamConfig(4096, 4096, "swiglu", False, True, 16, rows8=True,
-                                          release="lag")):
+                cfg_type(4096, 4096, "swiglu", False, True, 16, rows8=True, release="lag"),
+                cfg_type(4096, 4096, "swiglu", False, True, 8, 1, 4, 2, 3, ctas=396),
+                cfg_type(4096, 2048, "row_scale", False, True, 8, 1, 2, 2, 2, ctas=792),
+                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, ctas=264),
+                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, compute=False)):
         w4a16_stream.compile_gemm(cfg)
+    assert "_p396_" in cfg_type(4096, 4096, ctas=396).name
+    assert cfg_type(4096, 4096, compute=False).name.endswith("_nocompute_sm_90a")
 
 
 def test_bad_configs_rejected():
@@ -79,6 +86,8 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096, release="end"),  # the racy release (module docstring)
         dict(n=4096, k=4096, stages=12),
         dict(n=4104, k=4096),  # N % 16
+        dict(n=4096, k=4096, ctas=264, release="lag"),  # would never free an item's last stage
+        dict(n=4096, k=4096, ctas=-1),
     ]
     for kw in bad:
         with pytest.raises(ValueError):

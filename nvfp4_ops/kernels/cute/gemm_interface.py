@@ -35,7 +35,13 @@ class DirectLaunch:
     unchanged: grid ``(N_out / features_per_cta, ceil(P / block_m))``, ``threads`` per CTA,
     ``launch_smem`` bytes of dynamic shared memory, on the given stream. Subclasses set
     ``cfg`` (with ``n_out``, ``block_m``), ``features_per_cta``, ``threads``, ``launch_smem``
-    and define the ``@cute.kernel`` method ``kernel``."""
+    and define the ``@cute.kernel`` method ``kernel``; a persistent kernel overrides
+    :meth:`grid`."""
+
+    def grid(self, grid_n, grid_m):
+        """Launch grid for ``grid_n`` feature tiles x ``grid_m`` token tiles (plain Python,
+        inlined while tracing; ``grid_m`` is symbolic)."""
+        return [grid_n, grid_m, 1]
 
     @cute.jit
     def __call__(
@@ -58,7 +64,7 @@ class DirectLaunch:
         kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
                              swiglu_limit)
         kernel.launch(
-            grid=[grid_n, grid_m, 1],
+            grid=self.grid(grid_n, grid_m),
             block=[self.threads, 1, 1],
             smem=self.launch_smem,
             stream=stream,

@@ -10,7 +10,10 @@ tile_expert[tile]`` (``-1`` = skip, rows never written), epilogues ``none`` (+ b
 ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``, ``w_global`` fp32 ``[G, N]``, ``out`` bf16
 ``[P, N_out]``, ``tile_expert`` i32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``,
 ``bias`` bf16 ``[N]`` (one-element dummies when unused), ``swiglu_limit`` fp32, stream.
-``P`` is symbolic; the grid is ``(N_out / rows_out_per_cta, ceil(P / block_m))``.
+``P`` is symbolic; the grid is ``(N_out / rows_out_per_cta, ceil(P / block_m))``, or with
+``ctas > 0`` (persistent) ``min(that many work items, ctas)`` CTAs, each taking items ``i, i +
+gridDim.x, ...`` with one pipeline that runs on across them (the producer streams the next
+item while the consumers reduce and store the last one).
 
 CTA structure (warp specialised)
 --------------------------------
@@ -74,6 +77,18 @@ dense M=1 (7168, 18432) 34.9 us = 2.13 TB/s (w4a16_gemm 36.1, bf16 68.6), (18432
 byte, yet issue utilisation is low); time follows resident CTAs per SM and wave/tail effects
 (more stages = more shared memory = fewer CTAs got slower; 8-row CTAs for balance did not help).
 block_m 16/32 is slower than w4a16_gemm (x fragments and prmts are not amortised over rows).
+
+What limits it (benchmarks/results/h200_2026-11-30_s3/): the consumers, not the copies. With
+``compute=False`` (consumers only wait for and free each stage) the same pipeline streams at
+3.3-3.6 TB/s dense (M=1 (7168, 18432) 20.7 us vs 34.4 us with the decode) and 3.8-4.2 TB/s
+grouped from T = 8 on (V4-Flash gate/up T=128 553 us vs 960 us). ncu on the M=1 kernel: issue
+slots 51 % busy, ALU pipe 50 %, 1.06 eligible of 4.1 active warps per scheduler, top stall
+L1TEX (the activation loads, 37 %); on gate/up T=8: ALU 63 %, same top stall. Loading the next
+step's activations one step ahead did not help (measured, not kept). Persistent CTAs
+(``ctas``: one pipeline across work items) gain at V4-Flash gate/up T=1 only (28.1 vs 31.0 us
+with 4 consumer warps, 3 stages, 396 CTAs) and lose from T=8 on (fewer consumer warps per SM),
+so :func:`choose_config` does not use them. The next step is fewer decode instructions per
+weight (~2.5 integer/bf16 ops now, see ``pair4``), which needs a prepared weight layout.
 """
 
 from __future__ import annotations
@@ -135,7 +150,8 @@ class StreamConfig:
     (split K inside the CTA); ``steps``: 128-k steps per consumer per stage (stage K chunk
     ``kc = 128 * warps_k * steps``); ``stages``: pipeline depth; ``release``: ``fence`` or
     ``lag`` (module docstring); ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row
-    sets (A rows 8-15 zero) for twice the CTAs.
+    sets (A rows 8-15 zero) for twice the CTAs; ``ctas``: persistent launch (at most that many
+    CTAs loop over the work items; 0 = one CTA per item); ``compute``: diagnostics (below).
     """
 
     n: int
@@ -151,6 +167,12 @@ class StreamConfig:
     release: str = "fence"
     inval: bool = True
     rows8: bool = False
+    #: persistent launch: at most ``ctas`` CTAs, each looping over (feature tile, token tile)
+    #: work items with one pipeline that runs on across items (0 = one item per CTA)
+    ctas: int = 0
+    #: diagnostics only: ``False`` skips the decode and the MMAs (the consumers wait for each
+    #: stage and free it; outputs are zeros), to measure the bare streaming rate
+    compute: bool = True
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -175,6 +197,11 @@ class StreamConfig:
             raise ValueError(f"stages must be in [2, 8], got {self.stages}")
         if not 1 <= self.warps_k <= 8:
             raise ValueError(f"warps_k must be in [1, 8], got {self.warps_k}")
+        if self.ctas < 0:
+            raise ValueError(f"ctas must be >= 0, got {self.ctas}")
+        if self.ctas and self.release != "fence":
+            # a lagged release never frees an item's last stage: the next item would deadlock
+            raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
 
@@ -233,8 +260,8 @@ class StreamConfig:
             f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_rg{self.row_groups}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"_{self.release}{'_inv' if self.inval else ''}"
-            f"{'_r8' if self.rows8 else ''}"
-            f"_{self.arch}"
+            f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
+            f"{'' if self.compute else '_nocompute'}_{self.arch}"
         )
 
 
@@ -372,6 +399,12 @@ class W4A16StreamGemm(DirectLaunch):
         self.threads = 32 * (cfg.warps_k + 1)
         self.launch_smem = cfg.smem_bytes
 
+    def grid(self, grid_n, grid_m):
+        """One CTA per (feature tile, token tile), or at most ``ctas`` persistent CTAs."""
+        if const_expr(self.cfg.ctas == 0):
+            return [grid_n, grid_m, 1]
+        return [cutlass.min(grid_n * grid_m, self.cfg.ctas), 1, 1]
+
     @cute.kernel
     def kernel(
         self,
@@ -388,61 +421,101 @@ class W4A16StreamGemm(DirectLaunch):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
-        warp = tidx // 32
-        lane = tidx % 32
-
         num_rows = a.shape[0]
-        expert = Int32(0)
-        if const_expr(cfg.grouped):
-            expert = tile_expert[bidy]
 
         smem = cutlass.memory.SmemAllocator()
         pipe = smem.allocate(self.pipe_bytes, 128)
         red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
+        sbase = pipe.toint()
+        acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+        io = (a, w, w_scale, w_global, out, row_scale, bias, swiglu_limit, red, acc)
 
-        if expert >= 0:
-            sbase = pipe.toint()
-            stage0 = sbase + _BAR_BYTES
-            row0 = bidx * cfg.rows_out
-            m0 = bidy * cfg.block_m
+        if const_expr(cfg.ctas == 0):
+            expert = Int32(0)
+            if const_expr(cfg.grouped):
+                expert = tile_expert[bidy]
+            if expert >= 0:
+                self.init_barriers(tidx, sbase)
+                self.item(io, tidx, sbase, bidx, bidy, expert, 0)
+                self.finish(tidx, sbase)
+        else:
+            # persistent: work item i = (feature tile i % n_tiles, token tile i // n_tiles);
+            # every role walks the same items, so both count the same pipeline chunks
+            self.init_barriers(tidx, sbase)
+            n_tiles = cfg.n_out // cfg.rows_out
+            n_items = n_tiles * ((num_rows + (cfg.block_m - 1)) // cfg.block_m)
+            gdim, _, _ = cute.arch.grid_dim()
+            done = Int32(0)  # pipeline chunks this CTA has gone through
+            for i in cutlass.range(bidx, n_items, gdim, unroll=1):
+                ty = i // n_tiles
+                expert = Int32(0)
+                if const_expr(cfg.grouped):
+                    expert = tile_expert[ty]
+                if expert >= 0:
+                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, done)
+                    done = done + self.chunks
+            self.finish(tidx, sbase)
+
+    @cute.jit
+    def init_barriers(self, tidx, sbase):
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.cfg.stages):
+                _mbar_init(sbase + 8 * s, 1)
+                _mbar_init(sbase + 64 + 8 * s, 32 * self.cfg.warps_k)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def finish(self, tidx, sbase):
+        """All roles done: invalidate the mbarriers (their memory may be reused next)."""
+        cute.arch.sync_threads()
+        if const_expr(self.cfg.inval):
             if tidx == 0:
-                for s in cutlass.range_constexpr(cfg.stages):
-                    _mbar_init(sbase + 8 * s, 1)
-                    _mbar_init(sbase + 64 + 8 * s, 32 * cfg.warps_k)
-                cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
+                for s in cutlass.range_constexpr(self.cfg.stages):
+                    _mbar_inval(sbase + 8 * s)
+                    _mbar_inval(sbase + 64 + 8 * s)
 
-            acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+    @cute.jit
+    def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
+        """One work item: feature tile ``tile_n`` x token tile ``tile_m`` of group ``expert``;
+        its K chunks are pipeline chunks ``done .. done + chunks - 1`` of this CTA."""
+        cfg = self.cfg
+        a, w, w_scale, w_global, out, row_scale, bias, swiglu_limit, red, acc = io
+        warp = tidx // 32
+        lane = tidx % 32
+        num_rows = a.shape[0]
+        stage0 = sbase + _BAR_BYTES
+        row0 = tile_n * cfg.rows_out
+        m0 = tile_m * cfg.block_m
+        if warp == cfg.warps_k:
+            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
+        else:
             acc.fill(0.0)
-            if warp == cfg.warps_k:
-                self.producer(w, w_scale, expert, row0, lane, sbase, stage0)
-            else:
-                self.consumer(acc, a, expert, m0, warp, lane, num_rows, sbase, stage0)
-
-            # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in order
+            self.consumer(acc, a, expert, m0, warp, lane, num_rows, sbase, stage0, done)
+            # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in
+            # order (named barrier: the producer warp does not wait, it streams the next item)
             if const_expr(cfg.warps_k > 1):
-                if warp > 0 and warp < cfg.warps_k:
+                if warp > 0:
                     slot = (warp - 1) * 32 + lane
                     for j in cutlass.range_constexpr(self.acc_len):
                         red[j * (cfg.warps_k - 1) * 32 + slot] = acc[j]
-            cute.arch.sync_threads()
-            if const_expr(cfg.inval):
-                if tidx == 0:
-                    for s in cutlass.range_constexpr(cfg.stages):
-                        _mbar_inval(sbase + 8 * s)
-                        _mbar_inval(sbase + 64 + 8 * s)
-            if warp == 0:
-                if const_expr(cfg.warps_k > 1):
+                cute.arch.barrier(barrier_id=1, number_of_threads=32 * cfg.warps_k)
+                if warp == 0:
                     for q in cutlass.range_constexpr(cfg.warps_k - 1):
                         slot = q * 32 + lane
                         for j in cutlass.range_constexpr(self.acc_len):
                             acc[j] = acc[j] + red[j * (cfg.warps_k - 1) * 32 + slot]
+                if const_expr(cfg.ctas > 0):
+                    # the next item's partial sums must not overwrite these before they are read
+                    cute.arch.barrier(barrier_id=1, number_of_threads=32 * cfg.warps_k)
+            if warp == 0:
                 self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
                               m0, lane // 4, lane % 4, num_rows)
 
     @cute.jit
-    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0):
-        """Lane r streams weight row r of the CTA (rows r and r + 32 when there are 64)."""
+    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done):
+        """Lane r streams weight row r of the CTA (rows r and r + 32 when there are 64); K chunk
+        ``c`` is pipeline chunk ``done + c`` (stage and phase)."""
         cfg = self.cfg
         n_static = cfg.n
         k_static = cfg.k
@@ -466,9 +539,10 @@ class W4A16StreamGemm(DirectLaunch):
             dsts_w.append(stage0 + r * cfg.w_stride)
             dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
         for c in cutlass.range(self.chunks, unroll=1):
-            s = c % cfg.stages
-            if c >= cfg.stages:
-                _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
+            g = done + c
+            s = g % cfg.stages
+            if g >= cfg.stages:
+                _mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
             full = sbase + 8 * s
             if lane == 0:
                 _mbar_arrive_expect_tx(full, self.tx_bytes)
@@ -480,7 +554,7 @@ class W4A16StreamGemm(DirectLaunch):
                               full)
 
     @cute.jit
-    def consumer(self, acc, a, expert, m0, warp, lane, num_rows, sbase, stage0):
+    def consumer(self, acc, a, expert, m0, warp, lane, num_rows, sbase, stage0, done):
         cfg = self.cfg
         k_static = cfg.k
         grp = lane // 4
@@ -502,20 +576,22 @@ class W4A16StreamGemm(DirectLaunch):
             a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
                               + Int64(quad * 64 + warp * 256))
         for c in cutlass.range(self.chunks, unroll=1):
-            s = c % cfg.stages
-            _mbar_wait(sbase + 8 * s, (c // cfg.stages) % 2)
+            g = done + c
+            s = g % cfg.stages
+            _mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
             if const_expr(cfg.release == "lag"):
                 # free the previous chunk's stage only now: its shared loads have certainly
                 # been consumed by the MMAs of the previous iteration
                 if c > 0:
-                    _mbar_arrive(sbase + 64 + 8 * ((c + cfg.stages - 1) % cfg.stages))
+                    _mbar_arrive(sbase + 64 + 8 * ((g + cfg.stages - 1) % cfg.stages))
             off = s * cfg.stage_bytes
             lw = lane_w + off
             ls = lane_s + off
-            for u in cutlass.range_constexpr(cfg.steps):
-                kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
-                self.mma_step(acc, lw, ls, w_off, s_off, 64 * cfg.warps_k * u,
-                              8 * cfg.warps_k * u, a_row_addr, kb)
+            if const_expr(cfg.compute):
+                for u in cutlass.range_constexpr(cfg.steps):
+                    kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
+                    self.mma_step(acc, lw, ls, w_off, s_off, 64 * cfg.warps_k * u,
+                                  8 * cfg.warps_k * u, a_row_addr, kb)
             if const_expr(cfg.release == "fence"):
                 # order this warp's shared-memory reads (generic proxy) before the bulk copy
                 # (async proxy) that will overwrite the stage once the producer sees the arrive

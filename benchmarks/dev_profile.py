@@ -1,0 +1,50 @@
+"""Run one W4A16 GEMM config a few times on fresh random data, for a profiler (ncu) to attach.
+
+Usage (device): ``ncu --kernel-name regex:W4A16 --launch-skip 2 --launch-count 1 --section ...
+python3 benchmarks/dev_profile.py linear N K M`` or ``... grouped N K T EPILOGUE``: the config
+is the dispatch's :func:`nvfp4_ops.kernels.linear_cuda.choose_config` choice (``block_m`` from
+the token count), grouped runs use the real top-6 routing over 256 experts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from nvfp4_ops.kernels import linear_cuda
+from nvfp4_ops.kernels.moe_cuda import choose_block_m
+from nvfp4_ops.kernels.triton.moe_routing import moe_routing
+from nvfp4_ops.testing import random_routing
+
+
+def main() -> None:
+    kind, n, k, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    epi = sys.argv[5] if len(sys.argv) > 5 else "none"
+    groups = 256 if kind == "grouped" else 1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randint(0, 256, (groups, n, k // 2), dtype=torch.uint8, device="cuda",
+                      generator=gen)
+    s = (torch.rand(groups, n, k // 16, device="cuda", generator=gen) * 3 + 0.01).to(
+        torch.float8_e4m3fn)
+    g = torch.rand(groups, n, device="cuda", generator=gen) + 0.5
+    n_out = n // 2 if epi == "swiglu" else n
+    if kind == "grouped":
+        bm = choose_block_m(m * 6, groups)
+        ids, _ = random_routing(m, groups, 6, device="cuda")
+        te = moe_routing(ids, groups, 0, bm).tile_expert
+        rows = te.numel() * bm
+    else:
+        bm, te, rows = linear_cuda.block_m_for_tokens(m), None, m
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.empty(rows, n_out, dtype=torch.bfloat16, device="cuda")
+    rs = torch.rand(rows, device="cuda") if epi == "row_scale" else None
+    print(linear_cuda.choose_config(n, k, bm, epi, False, kind == "grouped").name, flush=True)
+    for _ in range(4):
+        linear_cuda.grouped_w4a16_gemm(a, te, w, s, g, out, epilogue=epi, swiglu_limit=10.0,
+                                       row_scale=rs, block_m=bm)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
