@@ -1,6 +1,8 @@
 """CI (CPU only): every WGMMA W4A16 variant that ``w4a16_wgmma.choose_config`` returns for the
-dense linear shapes and the V4-Flash / V4-Pro MoE + shared-expert shapes, for every token tile,
-compiles for sm_90a without a GPU and exports to an object file (what the disk cache stores)."""
+dense linear shapes and the V4-Flash / V4-Pro MoE + shared-expert shapes, for every token tile
+(and, dense, every number of m-tiles), compiles for sm_90a without a GPU and exports to an
+object file (what the disk cache stores); plus the pure-Python rules (register split, shared
+memory floor, the dense tile choice, refused tiles)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,11 @@ def _variants():
         n_out = n // 2 if epi == "swiglu" else n
         assert w4a16_wgmma.supported(n_out, k), (n, k, epi)
         for bm in w4a16_wgmma.BLOCK_MS:
-            cfg = w4a16_wgmma.choose_config(n, k, bm, epi, False, grouped)
-            seen.setdefault(cfg.name, cfg)
+            # grouped: one config per tile; dense: one per number of m-tiles too (every value
+            # choose_config distinguishes, a superset of what a dispatch can pass)
+            for m_tiles in [None] if grouped else range(1, w4a16_wgmma.MAX_M_TILES + 1):
+                cfg = w4a16_wgmma.choose_config(n, k, bm, epi, False, grouped, m_tiles)
+                seen.setdefault(cfg.name, cfg)
     # one bias variant (the dense linear with bias)
     cfg = w4a16_wgmma.choose_config(4096, 4096, 128, "none", True, False)
     seen.setdefault(cfg.name, cfg)
@@ -54,9 +59,60 @@ def test_config_names_are_unique_keys():
 
 def test_unvalidated_configs_are_refused():
     with pytest.raises(ValueError, match="not validated"):
-        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1, split_k=4)
+        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=64, row_wgs=1, split_k=4)
+    with pytest.raises(ValueError, match="not validated"):  # grouped split-K: never run
+        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", grouped=True, block_m=128, row_wgs=1,
+                                split_k=2)
     with pytest.raises(ValueError, match="block_m"):
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=48)
+    # the GPU-verified ones are accepted
+    for bm, r, sk in w4a16_wgmma.VERIFIED_MULTI:
+        w4a16_wgmma.WgmmaConfig(7168, 18432, "none", block_m=bm, row_wgs=r, split_k=sk)
+
+
+def test_register_split_fits_the_launch_allocation():
+    """setmaxnreg moves registers inside the CTA's launch allocation (65536 / threads, rounded
+    down to 8, per lane): asking for more blocks setmaxnreg.inc forever (the 640-thread hang)."""
+    for bm, r, sk in [(128, 2, 1), (256, 2, 1), (128, 1, 2), (128, 1, 4), (128, 2, 2),
+                      (128, 4, 1)]:
+        cfg = w4a16_wgmma.WgmmaConfig(7168, 18432, "none", block_m=bm, row_wgs=r, split_k=sk)
+        kern = w4a16_wgmma.W4A16WgmmaGemm(cfg)
+        assert cfg.uses_setmaxnreg
+        used = 128 * kern.producer_regs + 128 * cfg.consumers * kern.consumer_regs
+        assert used <= kern.entry_regs * kern.threads, cfg.name
+        assert kern.consumer_regs % 8 == 0 and kern.consumer_regs >= 112, cfg.name
+    assert w4a16_wgmma.W4A16WgmmaGemm(
+        w4a16_wgmma.WgmmaConfig(4096, 4096, block_m=128, row_wgs=2)).consumer_regs == 232
+
+
+def test_small_tiles_have_no_smem_floor():
+    """block_m 16-64: no setmaxnreg, so no 116 KiB floor (2-3 CTAs per SM fit)."""
+    for bm in (16, 32, 64):
+        cfg = w4a16_wgmma.choose_config(4096, 4096, bm, "swiglu", grouped=True)
+        assert cfg.consumers == 2 and not cfg.uses_setmaxnreg
+        assert w4a16_wgmma.W4A16WgmmaGemm(cfg).smem_bytes(50176) == 50176
+    cfg = w4a16_wgmma.choose_config(4096, 4096, 128, "swiglu", grouped=True)
+    assert cfg.uses_setmaxnreg
+    assert w4a16_wgmma.W4A16WgmmaGemm(cfg).smem_bytes(50176) == 116 * 1024
+
+
+def test_dense_choice_follows_the_h200_sweep():
+    """The wave estimate picks the measured best (or within 8%) tiles of the H200 sweep
+    (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt)."""
+    def tile(n, k, bm, m_tiles):
+        cfg = w4a16_wgmma.choose_config(n, k, bm, m_tiles=m_tiles)
+        return cfg.row_wgs, cfg.split_k
+
+    assert tile(7168, 18432, 128, 1) == (1, 2)  # M=128: 83.4 us (bf16 74.2)
+    assert tile(18432, 7168, 128, 1) == (4, 1)  # M=128: 99.4 us
+    assert tile(7168, 18432, 128, 2) == (2, 2)  # M=199: 135.7 us
+    assert tile(18432, 7168, 128, 2) == (2, 2)  # M=199: 168.6 us
+    assert tile(4096, 4096, 256, 2) == (1, 2)  # M=512: 27.9 us vs 45.4 for r2 s1
+    assert tile(7168, 18432, 256, 2) == (2, 1)  # M=512: 203.9 us
+    for n, k in [(4096, 4096), (7168, 18432), (18432, 7168)]:
+        assert tile(n, k, 256, 4) == (2, 1)  # M=1024: r2 s1 fastest on all three
+        # grouped and "no m_tiles" keep the one-config-per-tile rule
+        assert tile(n, k, 128, None) == (2, 1)
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)

@@ -7,8 +7,8 @@ with the arguments ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` 
 ``[G, N, K/16]``, ``w_global`` f32 ``[G, N]``, ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
 ``[ceil(P / block_m)]`` (-1 = skip the tile; a dummy when not grouped), ``row_scale`` f32
 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
-This kernel is for prefill / mid batches (``block_m`` 64-256 tokens per tile); the mma.sync
-kernel stays the decode path.
+This kernel is for prefill / mid batches (dense ``block_m`` 64-256 tokens per tile, grouped
+16-256); the streamed and mma.sync kernels serve decode.
 
 Roles (``wgmma.mma_async``, "RS" form)
 --------------------------------------
@@ -48,15 +48,26 @@ words and block scales from shared memory and only then waits until just this ch
 are in flight (the other A buffer is free again): the decode of the next chunk overlaps the
 tensor-core work of this one, the load latency hides behind the wait. A stage is released once
 the WGMMAs that read it have retired (one chunk later). ``split_k`` warpgroups on the same rows
-take turns on the k tiles and are summed through shared memory in slice order (not validated
-on a GPU yet, see :class:`WgmmaConfig`).
+take turns on the k tiles and are summed through shared memory in slice order (deterministic;
+the tiles of :data:`VERIFIED_MULTI` ran exact on H200).
+
+Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
+(:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
+``setmaxnreg`` inside the CTA's launch allocation (168 per lane at 384 threads: 40 / 232; 96
+at 640 threads: 24 / 112), one CTA per SM. Smaller tiles need 50-79 registers and no
+``setmaxnreg``, so 2-3 CTAs share an SM: V4-Flash MoE T=512 at block_m 16, whole op 2642 ->
+2073 us (block_m 32: 2761 -> 2260, 64: 3187 -> 2630) against the version that kept one CTA
+per SM there (benchmarks/results/h200_2026-11-30_s3/wgmma_ab_h200.txt).
 
 Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only.
 
-Measured on H200 (benchmarks/results/wgmma_dev_h200.txt, first version = same tiles, loads not
-hoisted; CUDA-graph replay, cold L2, bf16 torch in the same run): (7168, 18432) M=8192
-``block_m=256, row_wgs=2`` 3521 us = 615 TFLOP/s (bf16 matmul 2791 us = 776); M=128
-``block_m=128, row_wgs=1`` 119 us (bf16 75.5 us). ``block_m=128, row_wgs=2`` reaches only
+Measured on H200 (CUDA-graph replay, cold L2, bf16 torch.matmul in the same run). Dense
+M=128 (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt): (7168, 18432)
+``block_m=128, row_wgs=1, split_k=2`` 83.4 us (bf16 74.2; ``row_wgs=2, split_k=1`` 142.6);
+(18432, 7168) ``row_wgs=4`` 99.4 us (bf16 69.1); (4096, 4096) ``row_wgs=1, split_k=2`` 18.9
+us (bf16 13.7). The choice per number of m-tiles is :func:`choose_config`'s. (7168, 18432)
+M=8192 ``block_m=256, row_wgs=2`` 3521 us = 615 TFLOP/s (bf16 2791 us = 776;
+benchmarks/results/wgmma_dev_h200.txt, first version). ``block_m=128, row_wgs=2`` reaches only
 451-460 TFLOP/s at M=8192 while its L2 traffic per FLOP equals ``block_m=256``'s: the decode
 (~68 instructions per thread per 32 k, amortised over ``block_m`` tokens) and its latency with
 one or two consumer warps per SM sub-partition limit it, not memory.
@@ -78,7 +89,9 @@ from nvfp4_ops.kernels.cute.gemm_interface import EPILOGUES, clamped_swiglu, com
 
 __all__ = [
     "BLOCK_MS",
+    "DENSE_TILES",
     "EPILOGUES",
+    "VERIFIED_MULTI",
     "W4A16WgmmaGemm",
     "WgmmaConfig",
     "choose_config",
@@ -93,6 +106,13 @@ BLOCK_MS = (16, 32, 64, 128, 256)
 BLOCK_K = 64
 #: usable dynamic shared memory per CTA on H100/H200 (227 KiB), minus barriers and slack.
 SMEM_BUDGET = 227 * 1024 - 1024
+#: dense ``(block_m, row_wgs, split_k)`` tiles with split-K or 4 consumer warpgroups that ran
+#: exact on H200 (``none`` at (4096, 4096), (7168, 18432), (18432, 7168), M = 128 and 199 or
+#: 1024 and 199; ``swiglu`` and ``none + bias`` at (4096, 4096), M = 77 and 300;
+#: benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Others are refused unless
+#: ``allow_unverified``.
+VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), (256, 1, 2),
+                            (64, 1, 2)})
 
 
 @dataclass(frozen=True)
@@ -117,9 +137,8 @@ class WgmmaConfig:
     split_k: int = 1
     stages: int = 0
     arch: str = "sm_90a"
-    #: ``split_k > 1`` and 3-4 consumer warpgroups are not validated: the first H200 run of
-    #: ``row_wgs=1, split_k=4`` (640 threads, setmaxnreg 24/120) hung (benchmarks/results/
-    #: wgmma_dev_h200.txt); opt in explicitly to debug them. Not part of the compile key.
+    #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
+    #: unless this is set (for debugging them; not part of the compile key).
     allow_unverified: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -133,9 +152,11 @@ class WgmmaConfig:
             raise ValueError("row_wgs and split_k must be 1, 2 or 4")
         if self.consumers > 4:
             raise ValueError(f"at most 4 consumer warpgroups, got {self.consumers}")
-        if (self.split_k > 1 or self.consumers > 2) and not self.allow_unverified:
-            raise ValueError("split_k > 1 / more than 2 consumer warpgroups are not validated "
-                             "on a GPU yet (pass allow_unverified=True to debug them)")
+        if ((self.split_k > 1 or self.consumers > 2) and not self.allow_unverified
+                and (self.grouped or (self.block_m, self.row_wgs, self.split_k)
+                     not in VERIFIED_MULTI)):
+            raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
+                             "validated on a GPU (pass allow_unverified=True to debug it)")
         if self.k % (BLOCK_K * self.split_k) != 0:
             raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K * self.split_k}")
         if self.epilogue == "swiglu" and self.n % 64 != 0:
@@ -152,6 +173,17 @@ class WgmmaConfig:
     @property
     def consumers(self) -> int:
         return self.row_wgs * self.split_k
+
+    @property
+    def uses_setmaxnreg(self) -> bool:
+        """Whether the kernel moves registers from the producer to the consumer warpgroups
+        (``setmaxnreg``): with several consumer warpgroups and ``block_m >= 128`` (the 64 x
+        ``block_m`` fp32 accumulator needs them). Below 128 ptxas drops the instruction anyway
+        at 384 threads ("C7508: setmaxnreg ignored; unable to determine register count at
+        entry"; no USETMAXREG in the SASS at block_m 16-64), and such a CTA needs 50-79
+        registers: without it, and without the shared-memory floor that goes with it
+        (:meth:`W4A16WgmmaGemm.smem_bytes`), 2-3 CTAs fit per SM."""
+        return self.consumers > 1 and self.block_m >= 128
 
     @property
     def n_out(self) -> int:
@@ -185,6 +217,28 @@ def supported(n_out: int, k: int) -> bool:
     return n_out % 64 == 0 and k % BLOCK_K == 0
 
 
+#: SMs of an H100/H200 (SXM): the wave size of :func:`choose_config`'s estimate (a constant, so
+#: the choice never queries the device; on a part with fewer SMs it is only less tuned).
+NUM_SMS = 132
+#: Dense tile shapes ``(row_wgs, split_k)`` per ``block_m`` and their throughput per SM in 64-row
+#: weight blocks (relative, one CTA per SM), measured on H200 at (N, K) = (7168, 18432) with one
+#: wave of CTAs (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt): block_m 128,
+#: M = 128: r1 s2 83.4 us (112 CTAs), r2 s1 142.6 (56), r2 s2 136.0 (56), r4 s1 244.5 (28);
+#: block_m 256, M = 512: r1 s2 239.9 us (224 CTAs, 2 waves), r2 s1 203.9 (112).
+DENSE_TILES = {
+    128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5},
+    256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
+}
+#: ``m_tiles`` above this are treated as this (bounds the set of configs a dispatch can reach).
+#: Unclamped, the estimate picks ``row_wgs=2, split_k=1`` for every m_tiles in 11-128 at the
+#: V4 shared-expert shapes and the three benchmark shapes (checked on the CPU), the tile the
+#: M=8192 runs measured fastest.
+MAX_M_TILES = 16
+# Note (2026-11-30): linear_cuda does not pass m_tiles yet; the dispatch change that does is
+# benchmarks/results/h200_2026-11-30_s3/wgmma_dispatch_patch.txt (GPU-validated, to be applied
+# with its test update). Until then dense tiles take the grouped rule below.
+
+
 def choose_config(
     n: int,
     k: int,
@@ -192,16 +246,43 @@ def choose_config(
     epilogue: str = "none",
     has_bias: bool = False,
     grouped: bool = False,
+    m_tiles: int | None = None,
 ) -> WgmmaConfig:
-    """The tile config for a problem; a pure function of static sizes and ``block_m``.
+    """The tile config for a problem; a pure function of static sizes, ``block_m`` and, for a
+    dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
+    call).
 
-    Two row warpgroups share each activation tile (half the shared-memory traffic per weight
-    row) when the output has enough features for them; one otherwise.
+    Grouped problems (``P`` unknown when choosing) and dense tiles of 16-64 tokens: two row
+    warpgroups share each activation tile (half the shared-memory traffic per weight row) when
+    the output has enough features for them; one otherwise.
+
+    Dense ``block_m`` 128 / 256 with ``m_tiles`` given: the tile shape of :data:`DENSE_TILES`
+    with the least estimated time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput``, i.e.
+    whole waves of single-CTA SMs. On H200 this picks the fastest config or one within 8% of
+    it for M = 128, 199, 512, 1024 at (4096, 4096), (7168, 18432), (18432, 7168)
+    (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Ties go to the first entry.
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
-    row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
-    return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1)
+    if grouped or m_tiles is None or block_m not in DENSE_TILES:
+        row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
+        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1)
+    m_tiles = max(1, min(m_tiles, MAX_M_TILES))
+    best, best_time = None, 0.0
+    for (row_wgs, split_k), blocks_per_us in DENSE_TILES[block_m].items():
+        if n_out % (per_wg * row_wgs) != 0 or k % (BLOCK_K * split_k) != 0:
+            continue
+        try:
+            cfg = WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, split_k)
+        except ValueError:
+            continue
+        ctas = n_out // cfg.features_per_cta * m_tiles
+        est = -(-ctas // NUM_SMS) * row_wgs / blocks_per_us
+        if best is None or est < best_time:
+            best, best_time = cfg, est
+    if best is None:
+        return choose_config(n, k, block_m, epilogue, has_bias, grouped)
+    return best
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,12 +350,17 @@ class W4A16WgmmaGemm:
         self.num_boxes = 2 * cfg.row_wgs  # 32-row weight boxes per stage
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
-        # register split (setmaxnreg): the producer warpgroup keeps a few, the consumers share
-        # the rest of the 64K register file (multiples of 8)
+        # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
+        # gives registers back, the consumers take them. setmaxnreg moves registers only within
+        # the CTA's own allocation, which ptxas fixes from the launch bound: 65536 / threads
+        # rounded down to 8 (168 at 384 threads, 96 at 640: cuobjdump -res-usage). Asking for
+        # more than that pool holds blocks setmaxnreg.inc forever. The first split-K run on the
+        # H200 asked for 24 + 4 x 120 = 504 > 5 x 96 = 480 per lane of 640 threads and hung;
+        # sized from the pool (24 + 4 x 112) every 640-thread tile ran (wgmma_sweep_h200.txt).
+        self.entry_regs = min(255, 65536 // self.threads) // 8 * 8
         self.producer_regs = 40 if cfg.consumers < 4 else 24
-        self.consumer_regs = min(
-            232, ((65536 - 128 * self.producer_regs) // (128 * cfg.consumers)) // 8 * 8
-        )
+        pool = self.entry_regs * self.threads - 128 * self.producer_regs
+        self.consumer_regs = min(232, pool // (128 * cfg.consumers) // 8 * 8)
 
     @cute.jit
     def __call__(
@@ -340,10 +426,14 @@ class W4A16WgmmaGemm:
         )
 
     def smem_bytes(self, storage: int) -> int:
-        """Dynamic shared memory to request. With ``setmaxnreg`` (several consumer warpgroups)
-        at least half the SM's 228 KiB, so only one CTA is resident: two co-resident CTAs could
-        each wait in ``setmaxnreg.inc`` for registers the other holds."""
-        return max(storage, 116 * 1024) if self.cfg.consumers > 1 else storage
+        """Dynamic shared memory to request: the storage, and with ``setmaxnreg``
+        (:attr:`WgmmaConfig.uses_setmaxnreg`) at least half the SM's 228 KiB, so such a CTA is
+        always alone on its SM (its 168 or 96 registers per lane allow one CTA anyway; the
+        floor keeps that true whatever ptxas allocates). Without ``setmaxnreg`` (block_m 16-64)
+        there is no floor: 2-3 CTAs per SM fit there (50-79 registers, 50-99 KB; CPU analysis in
+        benchmarks/results/h200_2026-11-30_s2/wgmma_v1_v2_occupancy_analysis.md), which the
+        decode latency needs."""
+        return max(storage, 116 * 1024) if self.cfg.uses_setmaxnreg else storage
 
     @cute.kernel
     def kernel(
@@ -391,12 +481,12 @@ class W4A16WgmmaGemm:
 
         if expert >= 0:
             if wg == cfg.consumers:
-                if const_expr(cfg.consumers > 1):
+                if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                 if warp % 4 == 0:
                     self.producer(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy)
             else:
-                if const_expr(cfg.consumers > 1):
+                if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.consumer(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale,
                               bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg)
