@@ -14,14 +14,27 @@ One call on an H200 does:
 Error bound as ``tests/test_linear_gpu.py``: rel L2 <= 1.05 * (bf16 rounding of the reference)
 + 1e-5, and every element within 1 bf16 ulp (+ 1e-5 * max) of the reference.
 
-Run: ``python benchmarks/dev_wgmma.py [--quick]``; prints a table, writes JSON to ``--json``.
+Run: ``python benchmarks/dev_wgmma.py``; prints a table, writes JSON to ``--json``.
+
+Config sweep (``--sweep``): tile configs ``block_m:row_wgs:split_k[:stages]`` (``--specs``) on
+the dense shapes. Every config is first checked (M = 128 and 199, M = 1024 for 256-row tiles;
+``none``, and for split-K configs also ``swiglu`` and ``none + bias``) in child processes; a
+child that hangs (pipeline or ``setmaxnreg`` deadlock) is killed, its config reported HUNG and
+the next child goes on after it. Only the configs that passed are then timed at ``--ms``
+against bf16 ``torch.matmul`` (same shapes, same run; three weight copies, so (4096, 4096)
+stays in L2: use ``bench_linear.py`` for its cold-L2 time). Binaries go through the package's
+disk cache (compiled first by a process pool), so the children and the parent load them.
+``--grouped-check`` adds the grouped ``swiglu`` / ``row_scale`` check of ``choose_config``'s
+small tiles (16, 32, 64).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -44,12 +57,13 @@ _fns: dict[str, object] = {}
 
 
 def compiled(cfg):
+    """The binary for ``cfg`` (package disk cache: a child's compile serves the parent)."""
     fn = _fns.get(cfg.name)
     if fn is None:
         t = time.time()
-        fn = wg.compile_gemm(cfg)
+        fn = _compile.get_compiled(cfg, lambda: wg.compile_gemm(cfg))
         _fns[cfg.name] = fn
-        print(f"  compiled {cfg.name} in {time.time() - t:.1f} s", flush=True)
+        print(f"  compiled/loaded {cfg.name} in {time.time() - t:.1f} s", flush=True)
     return fn
 
 
@@ -277,6 +291,238 @@ def bench_moe(results, gen, token_counts):
               f"{row['tflops']:.0f} TFLOP/s", flush=True)
 
 
+# ------------------------------------------------------------------------------ config sweep
+
+#: default sweep: the current tiles, one row warpgroup, in-CTA split-K, four row warpgroups,
+#: two CTAs per SM (bm128 r1 with 4 stages: 109 registers x 256 threads, 74 KB)
+SWEEP_SPECS = ("128:2:1", "128:1:1", "128:1:2", "128:1:4", "128:2:2", "128:4:1", "128:1:1:4",
+               "64:2:1", "64:1:2", "256:2:1", "256:1:2")
+SWEEP_MS = (128, 199, 512, 1024)
+
+
+def parse_spec(spec: str) -> tuple[int, int, int, int]:
+    parts = [int(v) for v in spec.split(":")]
+    return tuple(parts + [0] * (4 - len(parts)))  # block_m, row_wgs, split_k, stages
+
+
+def spec_cfg(spec: str, n: int, k: int, epilogue: str = "none", has_bias: bool = False):
+    bm, r, sk, st = parse_spec(spec)
+    return wg.WgmmaConfig(n, k, epilogue, has_bias, False, bm, r, sk, st, allow_unverified=True)
+
+
+def probe(specs, grouped_check: bool) -> None:
+    """Child process: correctness of each spec; prints PROBE-START / PROBE lines. A hang
+    ends the process (sync_or_die), the parent restarts after the hung spec."""
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    weights = {nk: random_nvfp4(1, *nk, gen) for nk in DENSE}
+    xs = {}
+    for spec in specs:
+        print(f"PROBE-START {spec}", flush=True)
+        bm = parse_spec(spec)[0]
+        ok_all = True
+        for (n, k), (w, w_scale, w_global) in weights.items():
+            try:
+                cfg = spec_cfg(spec, n, k)
+            except ValueError as exc:
+                print(f"PROBE skip {spec} N={n} K={k}: {exc}", flush=True)
+                continue
+            for m in ((1024, 199) if bm == 256 else (128, 199)):
+                if (k, m) not in xs:
+                    xs[(k, m)] = torch.randn(m, k, device="cuda", generator=gen).to(
+                        torch.bfloat16)
+                x = xs[(k, m)]
+                ref = linear_fp32(x, w[0], w_scale[0], w_global[0])
+                out = torch.full((m + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                call(cfg, x, w, w_scale, w_global, out)
+                sync_or_die(f"{cfg.name} M={m}", 20.0)
+                ok, err, er, bad, nan = errors(out[:m], ref)
+                ok = ok and torch.isnan(out[m:]).all().item()
+                ok_all &= ok
+                print(f"PROBE {'ok  ' if ok else 'FAIL'} {spec:10s} {cfg.name:58s} M={m:5d} "
+                      f"relL2 {err:.2e} (round {er:.2e}) bad {bad}", flush=True)
+        if parse_spec(spec)[2] > 1 or parse_spec(spec)[1] > 2:
+            ok_all &= probe_epilogues(spec, gen)
+        print(f"PROBE-DONE {spec} {'ok' if ok_all else 'FAIL'}", flush=True)
+    if grouped_check:
+        results = []
+        check_grouped(results, gen, [(bm, 2, 1) for bm in (16, 32, 64)])
+        print(f"PROBE-GROUPED {'ok' if all(r['ok'] for r in results) else 'FAIL'}", flush=True)
+
+
+def probe_epilogues(spec: str, gen) -> bool:
+    """``swiglu`` (dense, gate rows then up rows) and ``none + bias`` at (4096, 4096)."""
+    n, k, limit = 4096, 4096, 7.0
+    w, w_scale, w_global = random_nvfp4(1, n, k, gen)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    ok_all = True
+    for m in (77, 300):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        r = linear_fp32(x, w[0], w_scale[0], w_global[0])
+        cfg = spec_cfg(spec, n, k, "swiglu")
+        out = torch.full((m, n // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
+        call(cfg, x, w, w_scale, w_global, out, limit=limit)
+        sync_or_die(f"{cfg.name} M={m}", 20.0)
+        ref = clamped_swiglu(r[:, : n // 2], r[:, n // 2:], limit)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        ok = (not torch.isnan(out).any().item()) and err < 4e-3
+        print(f"PROBE {'ok  ' if ok else 'FAIL'} {spec:10s} {cfg.name:58s} M={m:5d} "
+              f"relL2 {err:.2e} (swiglu, bound 4e-3)", flush=True)
+        cfg = spec_cfg(spec, n, k, "none", True)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        call(cfg, x, w, w_scale, w_global, out, bias=bias)
+        sync_or_die(f"{cfg.name} M={m}", 20.0)
+        ok2, err2, er, bad, nan = errors(out, r + bias.float())
+        print(f"PROBE {'ok  ' if ok2 else 'FAIL'} {spec:10s} {cfg.name:58s} M={m:5d} "
+              f"relL2 {err2:.2e} (round {er:.2e}) bad {bad}", flush=True)
+        ok_all &= ok and ok2
+    return ok_all
+
+
+def run_probes(specs, grouped_check: bool, timeout: float) -> tuple[list[str], dict]:
+    """Run :func:`probe` in children until every spec is done or hung; returns the specs that
+    passed and a status per spec (ok / FAIL / HUNG)."""
+    status: dict[str, str] = {}
+    todo = list(specs)
+    while todo or grouped_check:
+        cmd = [sys.executable, __file__, "--probe", "--specs", *todo]
+        if grouped_check:
+            cmd.append("--grouped-check")
+        try:
+            r = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+            text, crashed = r.stdout, r.returncode != 0
+            if crashed:
+                print(r.stderr[-2000:], flush=True)
+        except subprocess.TimeoutExpired as exc:
+            text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            crashed = True
+        current = None
+        for line in text.splitlines():
+            if line.startswith(("PROBE", "HUNG", "  ok", "  FAIL")):
+                print(line, flush=True)
+            if line.startswith("PROBE-START"):
+                current = line.split()[1]
+            elif line.startswith("PROBE-DONE"):
+                _, spec, verdict = line.split()
+                status[spec] = verdict
+                current = None
+            elif line.startswith("PROBE-GROUPED"):
+                status["grouped"] = line.split()[1]
+                grouped_check = False
+        if crashed and current is not None:
+            status[current] = "HUNG"
+            print(f"PROBE HUNG/CRASHED {current}", flush=True)
+        elif crashed and grouped_check:
+            status["grouped"] = "HUNG"
+            grouped_check = False
+        done = set(status)
+        todo = [s for s in todo if s not in done]
+        if crashed and current is None and todo:  # died outside any spec: do not loop
+            for s in todo:
+                status[s] = "CRASHED"
+            todo = []
+        if not crashed:
+            grouped_check = False
+    return [s for s in specs if status.get(s) == "ok"], status
+
+
+def bench_sweep(results, gen, specs, ms) -> None:
+    """Time every passing spec at every M (skip tiles far from M) on the dense shapes."""
+    for n, k in DENSE:
+        copies = 3
+        ws = [random_nvfp4(1, n, k, gen) for _ in range(copies)]
+        wb = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+              for _ in range(2)]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            reps = 20 if m <= 1024 else 4
+            t_bf16 = time_graph([functools.partial(torch.matmul, x, b.t()) for b in wb], reps)
+            flops = 2.0 * m * n * k
+            results.append(dict(kind="bf16", n=n, k=k, m=m, us=t_bf16))
+            print(f"  bf16 matmul   N={n:5d} K={k:5d} M={m:5d}: {t_bf16:8.1f} us "
+                  f"{flops / t_bf16 / 1e6:6.0f} TFLOP/s", flush=True)
+            for spec in specs:
+                bm = parse_spec(spec)[0]
+                if (m > 1024 and bm < 256) or (m <= 199 and bm == 256) or bm > 2 * m:
+                    continue
+                try:
+                    cfg = spec_cfg(spec, n, k)
+                except ValueError:
+                    continue
+                compiled(cfg)
+                fns = [functools.partial(call, cfg, x, c[0], c[1], c[2], out) for c in ws]
+                t = time_graph(fns, reps)
+                ctas = cfg.n_out // cfg.features_per_cta * ((m + bm - 1) // bm)
+                row = dict(kind="sweep", n=n, k=k, m=m, spec=spec, cfg=cfg.name, us=t,
+                           bf16_us=t_bf16, tflops=flops / t / 1e6, speedup=t_bf16 / t,
+                           ctas=ctas)
+                results.append(row)
+                print(f"  SWEEP N={n:5d} K={k:5d} M={m:5d} {spec:10s} ctas {ctas:4d}: "
+                      f"{t:8.1f} us {row['tflops']:5.0f} TFLOP/s x{row['speedup']:.2f} vs bf16",
+                      flush=True)
+        del ws, wb
+        torch.cuda.empty_cache()
+
+
+def sweep_table(results) -> None:
+    """Last lines of the log: per (N, K, M) the bf16 time and the specs sorted by time."""
+    print("== sweep summary (us; x = speed-up vs bf16 matmul, same run)", flush=True)
+    keys = sorted({(r["n"], r["k"], r["m"]) for r in results if r["kind"] == "sweep"})
+    for n, k, m in keys:
+        rows = sorted((r for r in results if r["kind"] == "sweep" and (r["n"], r["k"], r["m"])
+                       == (n, k, m)), key=lambda r: r["us"])
+        best = "  ".join(f"{r['spec']}={r['us']:.1f}" for r in rows)
+        print(f"  N={n:5d} K={k:5d} M={m:5d} bf16 {rows[0]['bf16_us']:7.1f} | best x"
+              f"{rows[0]['speedup']:.2f} | {best}", flush=True)
+
+
+def _compile_one(cfg) -> str:
+    compiled(cfg)
+    return cfg.name
+
+
+def precompile(specs, workers: int = 12) -> None:
+    """Compile every config the probes and the timing use, in parallel processes (CPU only),
+    into the disk cache."""
+    cfgs = {}
+    for spec in specs:
+        bm, r, sk, _ = parse_spec(spec)
+        variants = [(n, k, "none", False) for n, k in DENSE]
+        if sk > 1 or r > 2:
+            variants += [(4096, 4096, "swiglu", False), (4096, 4096, "none", True)]
+        for n, k, epi, bias in variants:
+            try:
+                cfg = spec_cfg(spec, n, k, epi, bias)
+            except ValueError:
+                continue
+            cfgs[cfg.name] = cfg
+    t = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        for _ in pool.map(_compile_one, cfgs.values()):
+            pass
+    print(f"  precompiled {len(cfgs)} configs in {time.time() - t:.0f} s", flush=True)
+
+
+def main_sweep(args) -> None:
+    results = []
+    t0 = time.time()
+    print("== precompile (disk cache)", flush=True)
+    precompile(args.specs)
+    print("== probes (child processes, hang-safe)", flush=True)
+    passed, status = run_probes(args.specs, args.grouped_check, args.probe_timeout)
+    results.append(dict(kind="probe", status=status))
+    print(f"   probe status {status} ({time.time() - t0:.0f} s)", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    print("== sweep timing", flush=True)
+    bench_sweep(results, gen, passed, args.ms)
+    print(f"   ({time.time() - t0:.0f} s)", flush=True)
+    with open(args.json, "w") as fh:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                       results=results), fh, indent=1)
+    sweep_table(results)
+
+
 def smoke():
     gen = torch.Generator(device="cuda").manual_seed(0)
     w, s, g = random_nvfp4(1, 256, 512, gen)
@@ -295,9 +541,21 @@ def main():
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"),
                                                    "wgmma_dev.json"))
+    ap.add_argument("--sweep", action="store_true", help="config sweep (module docstring)")
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--specs", nargs="*", default=list(SWEEP_SPECS))
+    ap.add_argument("--ms", nargs="+", type=int, default=list(SWEEP_MS))
+    ap.add_argument("--grouped-check", action="store_true")
+    ap.add_argument("--probe-timeout", type=float, default=150.0)
     args = ap.parse_args()
     if args.smoke:
         smoke()
+        return
+    if args.probe:
+        probe(args.specs, args.grouped_check)
+        return
+    if args.sweep:
+        main_sweep(args)
         return
     print("== smoke (child process, 120 s limit)", flush=True)
     try:
