@@ -19,8 +19,9 @@ VARIANTS = linear_cuda.variants_for_shapes(["v4-flash", "v4-pro"], include_moe=T
 
 def test_variant_set_covers_every_block_m_and_epilogue():
     names = {c.name for c in VARIANTS}
-    # 2 shapes x 4 problems x 6 token tiles
-    assert len(names) == len(VARIANTS) == 48
+    # 2 shapes x 4 problems x 6 token tiles, plus the dense WGMMA tiles that depend on the
+    # number of m-tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the two shapes)
+    assert len(names) == len(VARIANTS) == 54
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
     for s_name in ("v4-flash", "v4-pro"):
@@ -34,7 +35,9 @@ def test_variant_set_covers_every_block_m_and_epilogue():
                 (2 * s.intermediate, s.hidden, "swiglu", True),
                 (s.hidden, s.intermediate, "row_scale", True),
             ]:
-                assert linear_cuda.choose_config(n, k, bm, epi, False, grouped).name in names
+                for m_tiles in [None] if grouped else linear_cuda.dense_m_tiles(bm):
+                    cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles)
+                    assert cfg.name in names
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)
@@ -84,5 +87,5 @@ def test_dispatch_families_and_fallbacks():
         linear_cuda.choose_config(80, 1024, 128, grouped=True)
     # K % 256 != 0: the streamed kernel refuses, mma.sync takes the 8-token tile
     assert family(linear_cuda.choose_config(4096, 1152, 8)) == "w4a16_gemm"
-    assert [linear_cuda.block_m_for_tokens(m) for m in (1, 9, 17, 33, 65, 512, 513)] == \
-        [8, 16, 32, 64, 128, 128, 256]
+    assert [linear_cuda.block_m_for_tokens(m) for m in (1, 9, 17, 33, 65, 256, 257, 512)] == \
+        [8, 16, 32, 64, 128, 128, 256, 256]

@@ -20,6 +20,7 @@ __all__ = [
     "BLOCK_MS",
     "block_m_for_tokens",
     "compiled_gemm",
+    "dense_m_tiles",
     "grouped_w4a16_gemm",
     "linear",
     "mlp",
@@ -37,6 +38,9 @@ _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = _MMA
 #: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
 BLOCK_MS = (8, 16, 32, 64, 128, 256)
+#: dense problems pass ``m_tiles = ceil(M / block_m)`` to the config choice, clamped here (so
+#: the cached choice has a bounded key set; ``w4a16_wgmma.MAX_M_TILES`` is not larger)
+_M_TILES_CAP = 16
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
@@ -47,8 +51,9 @@ def _family(block_m: int, grouped: bool) -> str:
       V4-Flash T=1 GEMM pair 48.8 vs 54.3 us; stream_dev_h200.txt);
     * dense 16-32: mma.sync (the streamed kernel was 0.8-0.9x of it there; the WGMMA kernel
       has too few CTAs);
-    * grouped 16-32 and everything from 64: WGMMA (V4-Flash T=512 GEMM pair 2026 us at
-      block_m 16; linear M=8192 615 TFLOP/s; wgmma_dev_h200.txt).
+    * grouped 16-32 and everything from 64: WGMMA (V4-Flash T=512 whole MoE op 2073 us at
+      block_m 16, 2260 at 32, 2812 with the 8-token streamed tile; linear M=8192 615 TFLOP/s;
+      h200_2026-11-30_s3/wgmma_ab_h200.txt, wgmma_dev_h200.txt).
     """
     if block_m <= 8:
         return _STREAM
@@ -72,11 +77,13 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
 
 @functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
-                  has_bias: bool = False, grouped: bool = False):
+                  has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None):
     """The kernel config for a GEMM problem (static sizes only, so cached: it runs on every
     launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
     ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
+    ``m_tiles`` (dense only: ``ceil(M / block_m)``, at most ``_M_TILES_CAP``) lets the WGMMA
+    family size its tile shape to the number of CTAs (``w4a16_wgmma.choose_config``).
 
     Raises:
         ValueError: a grouped problem no family covers at ``block_m`` (see
@@ -86,6 +93,8 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     n_out = n // 2 if epilogue == "swiglu" else n
     mod = _kernel_module(_family(block_m, grouped))
     if _covers(mod, n_out, k, block_m):
+        if m_tiles is not None and not grouped and _family(block_m, grouped) == _WGMMA:
+            return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles)
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped)
     fallback = _gemm_module()
     if block_m not in fallback.BLOCK_MS:
@@ -105,15 +114,17 @@ def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
 def block_m_for_tokens(num_tokens: int) -> int:
     """Token tile for a dense linear of ``num_tokens`` rows (static: from the shape only).
 
-    Up to 64 tokens: the smallest tile that holds them. Then 128 up to 512 tokens (more
-    m-tiles keep more CTAs busy: 7168 output features make only 56 row blocks of 128), 256
-    beyond (half the weight decode per token: 615 vs 460 TFLOP/s at M=8192 on H200,
-    benchmarks/results/wgmma_dev_h200.txt).
+    Up to 64 tokens: the smallest tile that holds them. Then 128 up to 256 tokens (one or two
+    m-tiles; the WGMMA config choice fills the SMs with split-K / row warpgroups), 256 beyond:
+    half the weight decode per token. H200, best config per tile (benchmarks/results/
+    h200_2026-11-30_s3/wgmma_sweep_h200.txt): M=512 at (7168, 18432) 203.9 us with 256 vs
+    256.3 with 128, (18432, 7168) 240.1 vs 291.5, (4096, 4096) 27.9 vs 33.9; M=8192 615 vs
+    460 TFLOP/s (benchmarks/results/wgmma_dev_h200.txt).
     """
     for bm in (8, 16, 32, 64):
         if num_tokens <= bm:
             return bm
-    return 128 if num_tokens <= 512 else 256
+    return 128 if num_tokens <= 256 else 256
 
 
 def supported(n_out: int, k: int) -> bool:
@@ -199,7 +210,14 @@ def grouped_w4a16_gemm(
         raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
     if num_rows == 0:
         return
-    cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None)
+    m_tiles = None if tile_expert is not None else min(-(-num_rows // block_m), _M_TILES_CAP)
+    cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
+                        m_tiles)
+    _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias)
+
+
+def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias):
+    """Run the binary of ``cfg`` (arguments as :func:`grouped_w4a16_gemm`, already checked)."""
     fn = compiled_gemm(cfg)
     dev = a.device
     if w_scale.dtype != torch.uint8:
@@ -287,9 +305,19 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
             for bm in BLOCK_MS:
                 if grouped and not grouped_supported(n_out, k, bm):
                     continue
-                cfg = choose_config(n, k, bm, epi, False, grouped)
-                seen.setdefault(cfg.name, cfg)
+                for m_tiles in [None] if grouped else dense_m_tiles(bm):
+                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles)
+                    seen.setdefault(cfg.name, cfg)
     return list(seen.values())
+
+
+@functools.cache
+def dense_m_tiles(block_m: int) -> tuple[int, ...]:
+    """The ``m_tiles`` values a dense linear with tile ``block_m`` can pass to
+    :func:`choose_config` (from :func:`block_m_for_tokens` and ``_M_TILES_CAP``)."""
+    reach = {min(-(-m // block_m), _M_TILES_CAP) for m in range(1, block_m * _M_TILES_CAP + 1)
+             if block_m_for_tokens(m) == block_m}
+    return tuple(sorted(reach))
 
 
 def run_once(cfg, device: torch.device | str = "cuda") -> None:
@@ -305,5 +333,5 @@ def run_once(cfg, device: torch.device | str = "cuda") -> None:
     tile_expert = torch.zeros(tiles, dtype=torch.int32, device=device) if cfg.grouped else None
     row_scale = torch.ones(rows, device=device) if cfg.epilogue == "row_scale" else None
     bias = torch.zeros(cfg.n, dtype=torch.bfloat16, device=device) if cfg.has_bias else None
-    grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=cfg.epilogue,
-                       swiglu_limit=10.0, row_scale=row_scale, bias=bias, block_m=cfg.block_m)
+    # this very config (the dispatch might pick another one for these rows)
+    _launch(cfg, a, tile_expert, w, w_scale, w_global, out, 10.0, row_scale, bias)
