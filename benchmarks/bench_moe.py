@@ -280,26 +280,29 @@ def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch
     whole = {}
     for bm in moe_cuda.BLOCK_MS:
         def run(bm=bm):
-            return moe_cuda.moe_forward(hidden, ids, weights, *experts, 0, shape.swiglu_limit,
-                                        1.0, gemm=gemm, block_m=bm)
+            return moe_cuda.moe_forward(
+                hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0, gemm=gemm,
+                block_m=bm, kperm=linear_cuda.grouped_kperm(hidden_size, inter, bm))
         whole[bm] = time_graph(run, reps, 2, flush)
     bm = moe_cuda.choose_block_m(num_tokens * top_k, num_experts)
+    kp = linear_cuda.grouped_kperm(hidden_size, inter, bm)
+    kw = {"kperm": True} if kp else {}
     routing = moe_routing.moe_routing(ids, num_experts, 0, bm)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kp)
     g13, g2 = moe_cuda._row_globals(w13_global, w2_global, inter, hidden_size)
     act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=device)
     y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=device)
     stages = {
         "routing+gather": lambda: moe_routing.gather_rows(
-            hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm)),
+            hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm), kp),
         "scale expansion": lambda: moe_cuda._row_globals(w13_global, w2_global, inter,
                                                          hidden_size),
         "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
                                      epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
-                                     row_scale=None, bias=None, block_m=bm),
+                                     row_scale=None, bias=None, block_m=bm, **kw),
         "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
                                         epilogue="row_scale", swiglu_limit=None,
-                                        row_scale=row_scale, bias=None, block_m=bm),
+                                        row_scale=row_scale, bias=None, block_m=bm, **kw),
         "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
     }
     stage_us = {name: time_graph(fn, reps, 2, flush) for name, fn in stages.items()}

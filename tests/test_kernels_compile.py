@@ -35,8 +35,10 @@ def test_variant_set_covers_every_block_m_and_epilogue():
                 (2 * s.intermediate, s.hidden, "swiglu", True),
                 (s.hidden, s.intermediate, "row_scale", True),
             ]:
+                kperm = grouped and linear_cuda.grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in [None] if grouped else linear_cuda.dense_m_tiles(bm):
-                    cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles)
+                    cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles,
+                                                    kperm)
                     assert cfg.name in names
 
 
@@ -89,3 +91,10 @@ def test_dispatch_families_and_fallbacks():
     assert family(linear_cuda.choose_config(4096, 1152, 8)) == "w4a16_gemm"
     assert [linear_cuda.block_m_for_tokens(m) for m in (1, 9, 17, 33, 65, 256, 257, 512)] == \
         [8, 16, 32, 64, 128, 128, 256, 256]
+    # k-permuted activations: the MoE's WGMMA tiles only
+    assert linear_cuda.choose_config(4096, 4096, 64, "swiglu", False, True, None, True).kperm
+    assert [linear_cuda.grouped_kperm(4096, 2048, bm) for bm in linear_cuda.BLOCK_MS] == \
+        [False, True, True, True, True, True]
+    for kw in (dict(block_m=8, grouped=True), dict(block_m=128, grouped=False)):
+        with pytest.raises(ValueError, match="k-permuted"):
+            linear_cuda.choose_config(4096, 4096, epilogue="swiglu", kperm=True, **kw)

@@ -75,10 +75,16 @@ def test_linear_bias_and_unsupported_fallback():
             check_close(out, ref, f"linear+bias M={m} N={n} K={k}")
 
 
+@pytest.mark.parametrize("kperm", [False, True])
 @pytest.mark.parametrize("bm", [8, 16, 32, 64, 128, 256])
-def test_grouped_gemm_poisoned_and_skipped_tiles(bm):
-    """Every token tile of every kernel family (linear_cuda._family) on a grouped problem."""
-    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
+    """Every token tile of every kernel family (linear_cuda._family) on a grouped problem;
+    ``kperm``: k-permuted activations in, k-permuted SwiGLU output (the MoE's WGMMA path)."""
+    from nvfp4_ops.kernels.kperm import permute_k
+    from nvfp4_ops.kernels.linear_cuda import grouped_kperm, grouped_w4a16_gemm
+
+    if kperm and not grouped_kperm(1024, 256, bm):
+        pytest.skip("k-permuted activations are the WGMMA family's (token tiles 16-256)")
 
     gen = torch.Generator(device="cuda").manual_seed(7 + bm)
     groups, n, k = 3, 512, 1024
@@ -93,8 +99,9 @@ def test_grouped_gemm_poisoned_and_skipped_tiles(bm):
     for epilogue in ("none", "row_scale", "swiglu"):
         n_out = n // 2 if epilogue == "swiglu" else n
         out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-        grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
-                           swiglu_limit=7.0, row_scale=row_scale, block_m=bm)
+        grouped_w4a16_gemm(permute_k(a) if kperm else a, tile_expert, w, w_scale, w_global,
+                           out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,
+                           block_m=bm, kperm=kperm)
         for t, e in enumerate(tile_expert.tolist()):
             sl = slice(t * bm, min((t + 1) * bm, rows))
             if e < 0:
@@ -107,6 +114,8 @@ def test_grouped_gemm_poisoned_and_skipped_tiles(bm):
                 from nvfp4_ops.reference.mlp import clamped_swiglu
 
                 ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
+                if kperm:
+                    ref = permute_k(ref)
                 out_t = out[sl].float()
                 err = (out_t - ref).norm() / ref.norm()
                 assert not torch.isnan(out_t).any() and err < 4e-3, f"swiglu tile {t}: {err}"

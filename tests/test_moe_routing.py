@@ -156,7 +156,25 @@ def test_padded_rows_bound():
     assert padded_rows(5, 5, 16) == 80
 
 
-def test_gather_rows(kernels):
+def test_kperm_layout():
+    from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k, src
+
+    assert sorted(src(p) for p in range(KPERM_BLOCK)) == list(range(KPERM_BLOCK))
+    assert all(dst(src(p)) == p for p in range(KPERM_BLOCK))
+    # the WGMMA fragment pairing (kernels/kperm.py): logical 16 s + 8 h + 2 c + e
+    # holds physical 8 c + (2 s + h) + 4 e
+    for p in range(KPERM_BLOCK):
+        s, h, c, e = p // 16, (p // 8) % 2, (p // 2) % 4, p % 2
+        assert src(p) == 8 * c + 2 * s + h + 4 * e
+    x = torch.arange(2 * 64).reshape(2, 64)
+    y = permute_k(x)
+    assert y[1, 32 + 1] == x[1, 32 + src(1)] and y[0, 9] == x[0, src(9)]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        permute_k(torch.zeros(3, 48))
+
+
+@pytest.mark.parametrize("kperm", [False, True])
+def test_gather_rows(kernels, kperm):
     device, routing_mod, _ = kernels
     g = torch.Generator().manual_seed(11)
     num_tokens, top_k, num_experts, hidden_size, block_m = 13, 3, 8, 96, 8
@@ -164,8 +182,12 @@ def test_gather_rows(kernels):
     hidden = torch.randn(num_tokens, hidden_size, generator=g).to(torch.bfloat16).to(device)
     weights = torch.rand(num_tokens, top_k, generator=g).to(device)
     routing = routing_mod.moe_routing(ids, num_experts, 0, block_m)
-    a, row_scale = routing_mod.gather_rows(hidden, weights, routing)
+    a, row_scale = routing_mod.gather_rows(hidden, weights, routing, kperm)
     assert a.shape == (routing.sorted_slots.numel(), hidden_size) and a.dtype == torch.bfloat16
+    if kperm:
+        from nvfp4_ops.kernels.kperm import permute_k
+
+        hidden = permute_k(hidden)
     end = int(routing.expert_offsets[-1])
     slots = routing.sorted_slots.cpu()
     a, row_scale, hidden, weights = a.cpu(), row_scale.cpu(), hidden.cpu(), weights.cpu()
@@ -215,10 +237,23 @@ def test_combine_fixed_order_and_non_local(kernels, num_tokens):
 
 
 def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
-                       row_scale, bias, block_m):
-    """The grouped-GEMM contract in torch: only tiles with an expert are computed/written."""
+                       row_scale, bias, block_m, kperm=False):
+    """The grouped-GEMM contract in torch: only tiles with an expert are computed/written
+    (``kperm``: ``a`` is k-permuted and a SwiGLU output is written k-permuted)."""
+    from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k
     from nvfp4_ops.reference.linear import linear_fp32
     from nvfp4_ops.reference.mlp import clamped_swiglu
+
+    if kperm:  # back to the natural k order, then the plain contract, then permute the output
+        inv = torch.tensor([dst(k) for k in range(KPERM_BLOCK)])
+        inv = (torch.arange(0, a.shape[1], KPERM_BLOCK)[:, None] + inv).reshape(-1)
+        nat = torch.empty_like(out)
+        torch_grouped_gemm(a[:, inv.to(a.device)], tile_expert, w, w_scale, w_global, nat,
+                           epilogue=epilogue, swiglu_limit=swiglu_limit, row_scale=row_scale,
+                           bias=bias, block_m=block_m)
+        valid = (tile_expert >= 0).repeat_interleave(block_m)
+        out[valid] = permute_k(nat[valid]) if epilogue == "swiglu" else nat[valid]
+        return
 
     num_rows = a.shape[0]
     n = w.shape[1]
@@ -253,8 +288,9 @@ def tiny_experts():
     (20, 16, (0, 48), None),  # EP: a third of the ids are local
     (12, 0, "skew", 32),
 ])
+@pytest.mark.parametrize("kperm", [False, True])
 def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_start, id_range,
-                                    block_m):
+                                    block_m, kperm):
     device, _, _ = kernels
     from nvfp4_ops.kernels.moe_cuda import moe_forward
     from nvfp4_ops.reference import moe_reference
@@ -274,7 +310,7 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
     args = (hidden, ids, weights, *experts.args(), expert_start, 10.0, 1.5)
     want = moe_reference(*args)
     got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
-                      gemm=torch_grouped_gemm, block_m=block_m).cpu()
+                      gemm=torch_grouped_gemm, block_m=block_m, kperm=kperm).cpu()
     assert got.shape == want.shape and got.dtype == torch.bfloat16
     assert not got.isnan().any()
     err = rel_l2(got, want)

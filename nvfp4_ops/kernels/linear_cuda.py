@@ -21,6 +21,7 @@ __all__ = [
     "block_m_for_tokens",
     "compiled_gemm",
     "dense_m_tiles",
+    "grouped_kperm",
     "grouped_w4a16_gemm",
     "linear",
     "mlp",
@@ -77,13 +78,16 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
 
 @functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
-                  has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None):
+                  has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None,
+                  kperm: bool = False):
     """The kernel config for a GEMM problem (static sizes only, so cached: it runs on every
     launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
     ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
     ``m_tiles`` (dense only: ``ceil(M / block_m)``, at most ``_M_TILES_CAP``) lets the WGMMA
     family size its tile shape to the number of CTAs (``w4a16_wgmma.choose_config``).
+    ``kperm`` (grouped only): the activations are k-permuted (:mod:`nvfp4_ops.kernels.kperm`),
+    which only the WGMMA family reads (see :func:`grouped_kperm`).
 
     Raises:
         ValueError: a grouped problem no family covers at ``block_m`` (see
@@ -92,6 +96,12 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     mod = _kernel_module(_family(block_m, grouped))
+    if kperm:
+        if not (grouped and _family(block_m, grouped) == _WGMMA and _covers(mod, n_out, k,
+                                                                             block_m)):
+            raise ValueError(f"no kernel reads k-permuted activations for N={n}, K={k}, "
+                             f"block_m={block_m}, grouped={grouped}")
+        return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True)
     if _covers(mod, n_out, k, block_m):
         if m_tiles is not None and not grouped and _family(block_m, grouped) == _WGMMA:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles)
@@ -109,6 +119,16 @@ def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
     """Whether a grouped GEMM with token tile ``block_m`` covers ``(N_out, K)``."""
     return (_covers(_kernel_module(_family(block_m, True)), n_out, k, block_m)
             or _covers(_gemm_module(), n_out, k, block_m))
+
+
+@functools.cache
+def grouped_kperm(hidden_size: int, inter: int, block_m: int) -> bool:
+    """Whether the MoE's two grouped GEMMs at ``block_m`` (gate/up: ``N = 2I, K = H``; down:
+    ``N = H, K = I``) both run the WGMMA family, so they take k-permuted activations (the
+    gather and GEMM 1's epilogue write them; :mod:`nvfp4_ops.kernels.kperm`)."""
+    wg = _kernel_module(_WGMMA)
+    return (_family(block_m, True) == _WGMMA and _covers(wg, inter, hidden_size, block_m)
+            and _covers(wg, hidden_size, inter, block_m))
 
 
 def block_m_for_tokens(num_tokens: int) -> int:
@@ -169,6 +189,7 @@ def grouped_w4a16_gemm(
     row_scale: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     block_m: int = 16,
+    kperm: bool = False,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
 
@@ -183,7 +204,9 @@ def grouped_w4a16_gemm(
             ``[0, N/2)``, up rows ``[N/2, N)``; ``silu(min(gate, L)) * clamp(up, -L, L)`` in fp32),
             ``"row_scale"`` (``* row_scale[p]``, fp32 ``[P]``).
         swiglu_limit: ``L`` or None (no clamp).
-        block_m: token tile, a key of ``_FAMILY_FOR_BLOCK_M``; static.
+        block_m: token tile (one of :data:`BLOCK_MS`); static.
+        kperm: ``a`` is k-permuted (:mod:`nvfp4_ops.kernels.kperm`) and a ``swiglu`` output is
+            written k-permuted; grouped WGMMA problems only (:func:`grouped_kperm`).
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -212,7 +235,7 @@ def grouped_w4a16_gemm(
         return
     m_tiles = None if tile_expert is not None else min(-(-num_rows // block_m), _M_TILES_CAP)
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
-                        m_tiles)
+                        m_tiles, kperm)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias)
 
 
@@ -305,8 +328,10 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
             for bm in BLOCK_MS:
                 if grouped and not grouped_supported(n_out, k, bm):
                     continue
+                # the MoE passes kperm exactly when both of its GEMMs run WGMMA
+                kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in [None] if grouped else dense_m_tiles(bm):
-                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles)
+                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm)
                     seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 

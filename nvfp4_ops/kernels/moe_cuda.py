@@ -17,6 +17,11 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
 5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
    fixed ``j`` order, non-local slots contribute 0.
 
+When both GEMMs run the WGMMA kernel (token tiles 16-256), ``a`` and ``h`` are stored with the
+columns of every 32-block k-permuted (:mod:`nvfp4_ops.kernels.kperm`): the gather writes ``a``
+that way and GEMM 1's epilogue writes ``h`` that way, so the kernel decodes each lane's own
+checkpoint bytes without gathering them (fewer instructions per weight).
+
 Every buffer is allocated with torch on the current device (the caching allocator, so the graph
 pool under capture), every launch goes to the current stream, every grid comes from
 ``(T, k, E, H, I, block_m)``: no host synchronisation, so the whole op can be captured in a CUDA
@@ -136,12 +141,15 @@ def moe_forward(
     *,
     gemm: Callable,
     block_m: int | None = None,
+    kperm: bool = False,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
 
     ``gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit, row_scale,
     bias, block_m)`` follows the contract of ``grouped_w4a16_gemm``. Arguments as for
     :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
+    ``kperm``: the gather and GEMM 1 write k-permuted activations and both GEMMs read them
+    (``gemm`` then gets ``kperm=True``; :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`).
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
@@ -152,15 +160,16 @@ def moe_forward(
     if block_m is None:
         block_m = choose_block_m(num_tokens * top_k, num_experts)
     routing = moe_routing(topk_ids, num_experts, expert_start, block_m)
-    a, row_scale = gather_rows(hidden, topk_weights, routing)
+    a, row_scale = gather_rows(hidden, topk_weights, routing, kperm)
+    extra = {"kperm": True} if kperm else {}
     num_rows = a.shape[0]
     w13_rows, w2_rows = _row_globals(w13_global, w2_global, inter, hidden_size)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     gemm(a, routing.tile_expert, w13, w13_scale, w13_rows, act, epilogue="swiglu",
-         swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m)
+         swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m, **extra)
     expert_out = torch.empty(num_rows, hidden_size, dtype=torch.bfloat16, device=hidden.device)
     gemm(act, routing.tile_expert, w2, w2_scale, w2_rows, expert_out, epilogue="row_scale",
-         swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m)
+         swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m, **extra)
     return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale)
 
 
@@ -175,14 +184,15 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
 
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
-    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+    from nvfp4_ops.kernels.linear_cuda import grouped_kperm, grouped_w4a16_gemm
 
     hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
     block_m = covered_block_m(choose_block_m(hidden.shape[0] * topk_ids.shape[1], w13.shape[0]),
                               hidden_size, inter)
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                       gemm=grouped_w4a16_gemm, block_m=block_m)
+                       gemm=grouped_w4a16_gemm, block_m=block_m,
+                       kperm=grouped_kperm(hidden_size, inter, block_m))
 
 
 def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",
@@ -206,7 +216,8 @@ def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cu
         ids = ids.reshape(num_tokens, top_k)
         for block_m in BLOCK_MS:
             routing = moe_routing(ids, num_experts, 0, block_m)
-            a, _ = gather_rows(hidden, weights, routing)
+            for kperm in (False, True) if hidden_size % 32 == 0 else (False,):
+                a, _ = gather_rows(hidden, weights, routing, kperm)
             combine(a, routing.slot_row, num_tokens, top_k, 1.0)
             names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{id_dtype}")
     return names

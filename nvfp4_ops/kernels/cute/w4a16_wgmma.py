@@ -84,7 +84,11 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from nvfp4_ops.kernels.cute.fp4_ptx import ld_shared_v4_at, scales_to_bf16x2_pre
+from nvfp4_ops.kernels.cute.fp4_ptx import (
+    decode_word_pair4,
+    ld_shared_v4_at,
+    scales_to_bf16x2_pre,
+)
 from nvfp4_ops.kernels.cute.gemm_interface import EPILOGUES, clamped_swiglu, compile_from_fakes
 
 __all__ = [
@@ -136,6 +140,11 @@ class WgmmaConfig:
     row_wgs: int = 2
     split_k: int = 1
     stages: int = 0
+    #: activations (operand B) in the k-permuted order of :mod:`nvfp4_ops.kernels.kperm`, and a
+    #: SwiGLU output written in that order too (the MoE's GEMM 1 feeds GEMM 2): each lane then
+    #: decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4`` decoder (one
+    #: 4-byte shared load and one block scale) instead of gathering bytes from 16
+    kperm: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -208,7 +217,7 @@ class WgmmaConfig:
         return (
             f"w4a16wg_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
             f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_r{self.row_wgs}"
-            f"_s{self.split_k}_st{self.num_stages}_{self.arch}"
+            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}_{self.arch}"
         )
 
 
@@ -234,9 +243,6 @@ DENSE_TILES = {
 #: V4 shared-expert shapes and the three benchmark shapes (checked on the CPU), the tile the
 #: M=8192 runs measured fastest.
 MAX_M_TILES = 16
-# Note (2026-11-30): linear_cuda does not pass m_tiles yet; the dispatch change that does is
-# benchmarks/results/h200_2026-11-30_s3/wgmma_dispatch_patch.txt (GPU-validated, to be applied
-# with its test update). Until then dense tiles take the grouped rule below.
 
 
 def choose_config(
@@ -247,6 +253,7 @@ def choose_config(
     has_bias: bool = False,
     grouped: bool = False,
     m_tiles: int | None = None,
+    kperm: bool = False,
 ) -> WgmmaConfig:
     """The tile config for a problem; a pure function of static sizes, ``block_m`` and, for a
     dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
@@ -261,12 +268,18 @@ def choose_config(
     whole waves of single-CTA SMs. On H200 this picks the fastest config or one within 8% of
     it for M = 128, 199, 512, 1024 at (4096, 4096), (7168, 18432), (18432, 7168)
     (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Ties go to the first entry.
+
+    ``kperm``: the activations come in the k-permuted order (grouped problems only; see
+    :class:`WgmmaConfig`).
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
     if grouped or m_tiles is None or block_m not in DENSE_TILES:
         row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
-        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1)
+        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1,
+                           kperm=kperm)
+    if kperm:
+        raise ValueError("kperm is for grouped problems (the MoE) only")
     m_tiles = max(1, min(m_tiles, MAX_M_TILES))
     best, best_time = None, 0.0
     for (row_wgs, split_k), blocks_per_us in DENSE_TILES[block_m].items():
@@ -297,6 +310,18 @@ def _ldg_u32(addr: Int64):
         write_only_types=[Int32],
         read_only_args=[addr],
     )
+
+
+def _lds_u32_at(addr: Int32, offset: int):
+    """4-byte shared-memory load at ``addr + offset`` (a static byte offset)."""
+    return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{offset}];",
+                      write_only_types=[Int32], read_only_args=[addr])
+
+
+def _prmt(a: Int32, b: Int32, sel: Int32):
+    """Byte permute: result byte i = byte ``(sel >> 4i) & 7`` of ``b:a``."""
+    return inline_ptx("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
+                      read_only_args=[a, b, sel])
 
 
 def _gather_decode(w0, w1, w2, w3, sel, scale_a, scale_b):
@@ -540,6 +565,11 @@ class W4A16WgmmaGemm:
         rq = wg % cfg.row_wgs  # which 64-A-row block
         sk = wg // cfg.row_wgs  # which k slice: k tiles sk, sk + split_k, ...
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
+        if const_expr(cfg.kperm):
+            # this lane's 4 bytes of a 32-k row chunk hold k 8c .. 8c+7: block scale 2j + c/2 of
+            # the tile for chunk j, picked from the lo and hi rows' scale words by one prmt
+            q2 = quad // 2
+            sel = (q2 | ((q2 + 4) << 4), (2 + q2) | ((6 + q2) << 4))
 
         # shared-memory byte offsets (within a stage) of this lane's two A rows (g and g+8)
         # and the matching weight rows (global), see the module docstring
@@ -562,6 +592,9 @@ class W4A16WgmmaGemm:
         w_smem = s_w.iterator.toint()
         off_lo = slot_lo * 1024 + srow_lo * rb
         off_hi = slot_hi * 1024 + srow_hi * rb
+        if const_expr(cfg.kperm):
+            off_lo = off_lo + 4 * quad
+            off_hi = off_hi + 4 * quad
         stage_bytes_w = nb * 1024
 
         # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
@@ -595,7 +628,7 @@ class W4A16WgmmaGemm:
         sc[1] = _ldg_u32(s_hi + Int64(sk * 4))
         pipe.consumer_wait(state)
         self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
-                        sc[0], sc[1], 0)
+                        sc[0], sc[1], 0, sel)
         # first tile (nothing to release yet), middle tiles, last tile (nothing to prefetch)
         sc[2] = _ldg_u32(s_lo + Int64((sk + nsplit) * 4))
         sc[3] = _ldg_u32(s_hi + Int64((sk + nsplit) * 4))
@@ -640,11 +673,19 @@ class W4A16WgmmaGemm:
             self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
                           num_rows, row_lo, row_hi, quad)
 
-    def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int):
-        """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales.
+    def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
+        """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales
+        (``kperm``: the lane's one word per row and its one block scale per row).
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
+        if const_expr(self.cfg.kperm):
+            raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
+            raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+            s2 = scales_to_bf16x2_pre(_prmt(sc_lo, sc_hi, sel[j]))
+            scl[0] = s2[0]
+            scl[1] = s2[1]
+            return
         lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
         hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
         for e in range(4):
@@ -658,9 +699,17 @@ class W4A16WgmmaGemm:
         scl[3] = s_hi2[1]
 
     def decode_mma(self, tiled_mma, acc, frags, raw, scl, sel, t_cb, stage_idx, j: int):
-        """Decode the loaded chunk into A-fragment buffer ``j``, issue its two k16 WGMMAs."""
-        d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
-        d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])
+        """Decode the loaded chunk into A-fragment buffer ``j``, issue its two k16 WGMMAs.
+
+        ``kperm``: ``pair4`` word j = physical k ``(8c + j, 8c + j + 4)``, which the permuted
+        activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
+        same register slots as the gathered decode's (step s, half h)."""
+        if const_expr(self.cfg.kperm):
+            d_lo = decode_word_pair4(raw[0], scl[0])
+            d_hi = decode_word_pair4(raw[1], scl[1])
+        else:
+            d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
+            d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])
         for s in range(2):
             f32v = cute.recast_tensor(frags[2 * j + s], Int32)
             f32v[0] = d_lo[2 * s]
@@ -686,7 +735,7 @@ class W4A16WgmmaGemm:
         idx = state.index
         stage_w = w_smem + idx * stage_bytes_w
         self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0)
-        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1)
+        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel)
         warpgroup.wait_group(1)
         if not first:
             pipe.consumer_release(rel)
@@ -696,7 +745,7 @@ class W4A16WgmmaGemm:
         if not last:
             pipe.consumer_wait(state)
             self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
-                            sc[2], sc[3], 0)
+                            sc[2], sc[3], 0, sel)
         warpgroup.wait_group(1)
         return state, rel
 
@@ -714,6 +763,11 @@ class W4A16WgmmaGemm:
             b_lo = bias[row_lo].to(Float32)
             b_hi = bias[row_hi].to(Float32)
         m0 = bidy * cfg.block_m
+        col_lo = row_lo
+        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+            # GEMM 2 reads this output k-permuted: feature f goes to 32 (f/32) + dst(f % 32)
+            f = row_lo % 32
+            col_lo = row_lo - f + 8 * (f % 4) + f // 4
         for j in cutlass.range_constexpr(cfg.block_m // 8):
             for v0 in cutlass.range_constexpr(2):
                 token = m0 + 8 * j + 2 * quad + v0
@@ -722,7 +776,7 @@ class W4A16WgmmaGemm:
                     hi = acc[4 * j + 2 + v0] * g_hi
                     if const_expr(cfg.epilogue == "swiglu"):
                         v = clamped_swiglu(lo, hi, swiglu_limit)
-                        out[token, row_lo] = v.to(BFloat16)
+                        out[token, col_lo] = v.to(BFloat16)
                     else:
                         if const_expr(cfg.epilogue == "row_scale"):
                             rs = row_scale[token]

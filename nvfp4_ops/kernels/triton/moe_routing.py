@@ -191,7 +191,7 @@ def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_
 def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr, a_ptr,
                    row_scale_ptr, num_slots,
                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_H: tl.constexpr):
+                   BLOCK_H: tl.constexpr, KPERM: tl.constexpr):
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
     if tl.load(tile_expert_ptr + tile) >= 0:
@@ -203,6 +203,11 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
         col_ok = cols < HIDDEN
         src = hidden_ptr + token.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         vals = tl.load(src, mask=real[:, None] & col_ok[None, :], other=0.0)
+        if KPERM:
+            # stored position 8a + b of each 32-block holds k 4b + a (kernels/kperm.py): a
+            # transpose of [8, 4] blocks, done in registers so loads and stores stay contiguous
+            vals = tl.reshape(vals, (BLOCK_M, BLOCK_H // 32, 8, 4))
+            vals = tl.reshape(tl.permute(vals, (0, 1, 3, 2)), (BLOCK_M, BLOCK_H))
         dst = a_ptr + rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         tl.store(dst, vals, mask=col_ok[None, :])
         if col_block == 0:
@@ -258,13 +263,15 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
-                routing: MoERouting) -> tuple[torch.Tensor, torch.Tensor]:
+                routing: MoERouting, kperm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
 
     Args:
         hidden: ``bf16 [T, H]`` contiguous.
         topk_weights: ``float32 [T, k]`` contiguous.
         routing: from :func:`moe_routing` for the same ``T, k``.
+        kperm: write each row's columns in the k-permuted order of
+            :mod:`nvfp4_ops.kernels.kperm` (``H % 32 == 0``; for the WGMMA GEMM).
 
     Returns:
         ``a bf16 [P, H]`` (token rows, zeros in padding rows) and ``row_scale f32 [P]``
@@ -273,6 +280,8 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_weights.shape[1]
+    if kperm and hidden_size % 32:
+        raise ValueError(f"kperm needs H % 32 == 0, got H={hidden_size}")
     num_rows = routing.sorted_slots.shape[0]
     block_m = routing.block_m
     a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
@@ -283,5 +292,6 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
     grid = (num_rows // block_m, triton.cdiv(hidden_size, block_h))
     _gather_kernel[grid](hidden, topk_weights, routing.sorted_slots, routing.tile_expert, a,
                          row_scale, num_tokens * top_k,
-                         HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h)
+                         HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h,
+                         KPERM=kperm)
     return a, row_scale
