@@ -75,16 +75,19 @@ def test_linear_bias_and_unsupported_fallback():
             check_close(out, ref, f"linear+bias M={m} N={n} K={k}")
 
 
-@pytest.mark.parametrize("kperm", [False, True])
-@pytest.mark.parametrize("bm", [8, 16, 32, 64, 128, 256])
+_TILES = [8, 16, 32, 64, 128, 256]
+
+
+# kperm (k-permuted activations) exists for the WGMMA family's tiles, 16-256
+@pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
+                         + [(bm, True) for bm in _TILES[1:]])
 def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
     """Every token tile of every kernel family (linear_cuda._family) on a grouped problem;
     ``kperm``: k-permuted activations in, k-permuted SwiGLU output (the MoE's WGMMA path)."""
     from nvfp4_ops.kernels.kperm import permute_k
     from nvfp4_ops.kernels.linear_cuda import grouped_kperm, grouped_w4a16_gemm
 
-    if kperm and not grouped_kperm(1024, 256, bm):
-        pytest.skip("k-permuted activations are the WGMMA family's (token tiles 16-256)")
+    assert not kperm or grouped_kperm(1024, 256, bm)
 
     gen = torch.Generator(device="cuda").manual_seed(7 + bm)
     groups, n, k = 3, 512, 1024

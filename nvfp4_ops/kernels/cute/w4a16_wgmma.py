@@ -33,6 +33,15 @@ into the 4 bf16x2 registers of the two k16 steps (``e2m1 * 2^-126`` by bit moves
 accumulator by 2^7). The block scales (1 byte per row per 16 k, 4 bytes per row per stage) are
 read by the consumers with plain ``ld.global.nc`` one stage ahead (a TMA box needs >= 16 bytes).
 
+k-permuted activations (``kperm``, the MoE): when ``a`` holds each 32-block of k in the order
+of :mod:`nvfp4_ops.kernels.kperm`, lane ``c`` of a quad reads only its own 4 bytes of a row's
+32-k chunk (physical k ``8c .. 8c+7``, one block scale) with one ``ld.shared.b32`` and decodes
+them with the ``pair4`` decoder of :mod:`nvfp4_ops.kernels.cute.fp4_ptx`, whose outputs
+``(8c + j, 8c + j + 4)`` are exactly the logical pairs the permuted B holds in the fragment
+slots above; a SwiGLU output is then stored in the same permuted order (it is GEMM 2's ``a``).
+H200, V4-Flash MoE: T=512 whole op 2072 -> 1708 us, T=4096 3765 -> 3510 us
+(benchmarks/results/h200_2026-11-30_s3/kperm_ab_h200.log).
+
 Row mapping. ``none`` / ``row_scale``: A row ``a`` of row warpgroup ``q`` is weight row
 ``r0 + 64q + a`` (``r0 = 64 * row_wgs * blockIdx.x``). ``swiglu``: A row ``16w + i`` is gate
 row ``f0 + 32q + 8w + i`` for ``i < 8`` and up row ``f0 + 32q + 8w + (i - 8) + N/2`` for

@@ -35,7 +35,9 @@ value on the host:
    deterministic.
 4. gather: ``a[r] = hidden[sorted_slots[r] // k]`` (zeros for padding rows) and
    ``row_scale[r] = topk_weights.flat[sorted_slots[r]]`` (0 for padding rows), for the tiles
-   that hold rows; tiles past the end are left untouched (the GEMMs skip them).
+   that hold rows; tiles past the end are left untouched (the GEMMs skip them). With
+   ``kperm`` the columns of every 32-block are written in the order of
+   :mod:`nvfp4_ops.kernels.kperm` (a register transpose: loads and stores stay contiguous).
 
 The jitted functions never specialise on the token or expert counts (``do_not_specialize``),
 so one compiled variant per ``(block_m, k, H, id dtype)`` serves every T and every EP split.
