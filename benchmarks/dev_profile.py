@@ -2,8 +2,9 @@
 
 Usage (device): ``ncu --kernel-name regex:W4A16 --launch-skip 2 --launch-count 1 --section ...
 python3 benchmarks/dev_profile.py linear N K M`` or ``... grouped N K T EPILOGUE``: the config
-is the dispatch's :func:`nvfp4_ops.kernels.linear_cuda.choose_config` choice (``block_m`` from
-the token count), grouped runs use the real top-6 routing over 256 experts.
+is the dispatch's :func:`nvfp4_ops.kernels.linear_cuda.choose_config` choice (``block_m`` and
+``m_tiles`` from the token count; grouped: k-permuted when the MoE would use it), grouped runs
+use the real top-6 routing over 256 experts.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ def main() -> None:
     a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(rows, n_out, dtype=torch.bfloat16, device="cuda")
     rs = torch.rand(rows, device="cuda") if epi == "row_scale" else None
-    print(linear_cuda.choose_config(n, k, bm, epi, False, kind == "grouped").name, flush=True)
+    # the MoE's layout choice (random activations: their k order does not matter here)
+    kperm = kind == "grouped" and linear_cuda.grouped_kperm(k, n_out, bm)
+    m_tiles = None if kind == "grouped" else min(-(-rows // bm), 16)
+    print(linear_cuda.choose_config(n, k, bm, epi, False, kind == "grouped", m_tiles,
+                                    kperm).name, flush=True)
     for _ in range(4):
         linear_cuda.grouped_w4a16_gemm(a, te, w, s, g, out, epilogue=epi, swiglu_limit=10.0,
-                                       row_scale=rs, block_m=bm)
+                                       row_scale=rs, block_m=bm, kperm=kperm)
     torch.cuda.synchronize()
 
 
