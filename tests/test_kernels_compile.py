@@ -29,12 +29,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
 
         s = get_shape(s_name)
         for bm in linear_cuda.BLOCK_MS:
-            for n, k, epi, grouped in [
-                (2 * s.shared_intermediate, s.hidden, "swiglu", False),
-                (s.hidden, s.shared_intermediate, "none", False),
-                (2 * s.intermediate, s.hidden, "swiglu", True),
-                (s.hidden, s.intermediate, "row_scale", True),
-            ]:
+            for n, k, epi, grouped in s.gemm_problems():
                 kperm = grouped and linear_cuda.grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in [None] if grouped else linear_cuda.dense_m_tiles(bm):
                     cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles,

@@ -22,13 +22,7 @@ def _problems():
     """(n, k, epilogue, grouped) of every GEMM the shapes reach."""
     out = []
     for name in ("v4-flash", "v4-pro"):
-        s = get_shape(name)
-        out += [
-            (2 * s.shared_intermediate, s.hidden, "swiglu", False),
-            (s.hidden, s.shared_intermediate, "none", False),
-            (2 * s.intermediate, s.hidden, "swiglu", True),
-            (s.hidden, s.intermediate, "row_scale", True),
-        ]
+        out += get_shape(name).gemm_problems()
     out += [(n, k, "none", False) for n, k in LINEAR]
     return out
 

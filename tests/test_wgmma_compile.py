@@ -21,13 +21,7 @@ from nvfp4_ops.shapes import get_shape  # noqa: E402
 PROBLEMS = [(7168, 18432, "none", False), (18432, 7168, "none", False),
             (4096, 4096, "none", False)]
 for _name in ("v4-flash", "v4-pro"):
-    _s = get_shape(_name)
-    PROBLEMS += [
-        (2 * _s.shared_intermediate, _s.hidden, "swiglu", False),
-        (_s.hidden, _s.shared_intermediate, "none", False),
-        (2 * _s.intermediate, _s.hidden, "swiglu", True),
-        (_s.hidden, _s.intermediate, "row_scale", True),
-    ]
+    PROBLEMS += get_shape(_name).gemm_problems()
 
 
 def _variants():

@@ -312,16 +312,7 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
     seen: dict[str, object] = {}
     for name in shapes:
         s = get_shape(name)
-        problems = [
-            (2 * s.shared_intermediate, s.hidden, "swiglu", False),
-            (s.hidden, s.shared_intermediate, "none", False),
-        ]
-        if include_moe:
-            problems += [
-                (2 * s.intermediate, s.hidden, "swiglu", True),
-                (s.hidden, s.intermediate, "row_scale", True),
-            ]
-        for n, k, epi, grouped in problems:
+        for n, k, epi, grouped in s.gemm_problems(include_moe):
             n_out = n // 2 if epi == "swiglu" else n
             if not supported(n_out, k):
                 continue

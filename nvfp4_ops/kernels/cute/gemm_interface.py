@@ -11,13 +11,58 @@ count. See ``w4a16_gemm``'s module docstring for the meaning of each argument.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32, const_expr
 
-__all__ = ["EPILOGUES", "DirectLaunch", "clamped_swiglu", "compile_from_fakes"]
+__all__ = ["EPILOGUES", "DirectLaunch", "GemmProblem", "clamped_swiglu", "compile_from_fakes",
+           "epilogue_value"]
 
 EPILOGUES = ("none", "swiglu", "row_scale")
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """The fields every family's config starts with, in this order (configs are built
+    positionally): ``n``/``k`` weight rows / reduction length per group (static),
+    ``epilogue`` (one of :data:`EPILOGUES`), ``has_bias`` (``none`` only), ``grouped``
+    (per-tile expert ids), ``block_m`` (tokens per CTA, one of the family's ``BLOCK_MS``).
+    A family's config adds its tile fields and ``arch``, sets ``PREFIX`` and ``BLOCK_MS`` and
+    calls :meth:`check_problem` first in ``__post_init__``."""
+
+    n: int
+    k: int
+    epilogue: str = "none"
+    has_bias: bool = False
+    grouped: bool = False
+    block_m: int = 16
+
+    #: config-name prefix of the family, and the token tiles it compiles
+    PREFIX: ClassVar[str] = ""
+    BLOCK_MS: ClassVar[tuple[int, ...]] = ()
+
+    def check_problem(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.block_m not in self.BLOCK_MS:
+            raise ValueError(f"block_m must be one of {self.BLOCK_MS}, got {self.block_m}")
+        if self.has_bias and self.epilogue != "none":
+            raise ValueError("bias is only supported with the 'none' epilogue")
+
+    @property
+    def n_out(self) -> int:
+        """Output features: ``n``, or ``n / 2`` for SwiGLU (gate and up rows give one each)."""
+        return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
+    def name_head(self) -> str:
+        """The config name up to the family's tile fields."""
+        return (f"{self.PREFIX}_n{self.n}_k{self.k}_{self.epilogue}"
+                f"{'_bias' if self.has_bias else ''}{'_grouped' if self.grouped else ''}"
+                f"_bm{self.block_m}")
 
 
 def clamped_swiglu(gate, up, limit):
@@ -28,6 +73,29 @@ def clamped_swiglu(gate, up, limit):
     gate = cutlass.min(gate, limit)
     up = cutlass.max(cutlass.min(up, limit), -limit)
     return gate / (Float32(1.0) + cute.math.exp(-gate)) * up
+
+
+def epilogue_value(cfg, acc, i, i_up, unscale, w_global, expert, row, token, row_scale, bias,
+                   swiglu_limit):
+    """The output value of (``token``, feature ``row``) from accumulator element ``acc[i]``
+    (and, for ``swiglu``, the matching up row's ``acc[i_up]``; ``i``/``i_up`` static): times
+    ``unscale`` (the decoder's power of two) and the row's global scale (gate and up each
+    their own), then the epilogue.
+
+    Plain Python: inlined while a kernel is traced (the two families with mma.sync C
+    fragments, ``w4a16_gemm`` and ``w4a16_stream``).
+    """
+    v = acc[i] * unscale
+    v = v * w_global[expert, row]
+    if const_expr(cfg.epilogue == "swiglu"):
+        up = acc[i_up] * unscale
+        up = up * w_global[expert, row + cfg.n // 2]
+        v = clamped_swiglu(v, up, swiglu_limit)
+    if const_expr(cfg.epilogue == "row_scale"):
+        v = v * row_scale[token]
+    if const_expr(cfg.has_bias):
+        v = v + bias[row].to(Float32)
+    return v
 
 
 class DirectLaunch:
@@ -78,7 +146,8 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     ``cfg`` provides ``n``, ``k``, ``n_out`` and ``arch``. ``a`` and ``w`` are assumed 16-byte
     aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees 16). Call the
     result as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
-    with torch tensors; it launches on torch's current stream.
+    with torch tensors; it launches on torch's current stream. Each family's
+    ``compile_gemm(cfg, extra_options="")`` is this with its own kernel class.
     """
     from cutlass.cute.runtime import make_fake_compact_tensor
     from cutlass.runtime import make_fake_stream

@@ -71,6 +71,7 @@ larger ones to ``w4a16_wgmma``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -88,8 +89,9 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
 from nvfp4_ops.kernels.cute.gemm_interface import (
     EPILOGUES,
     DirectLaunch,
-    clamped_swiglu,
+    GemmProblem,
     compile_from_fakes,
+    epilogue_value,
 )
 
 __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
@@ -104,19 +106,16 @@ BLOCK_MS = (8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
-class GemmConfig:
+class GemmConfig(GemmProblem):
     """Everything that changes the generated code (and nothing else: P and G are symbolic).
 
-    ``n``/``k``: weight rows / reduction length per group (static). ``block_m``: tokens per CTA
-    (8 x MMA columns). ``warps_n``: warps along the weight rows, ``warps_k``: warps splitting K.
+    The problem fields of :class:`GemmProblem` (``block_m``: 8 x MMA columns), then
+    ``warps_n``: warps along the weight rows, ``warps_k``: warps splitting K.
     """
 
-    n: int
-    k: int
-    epilogue: str = "none"
-    has_bias: bool = False
-    grouped: bool = False
-    block_m: int = 16
+    PREFIX: ClassVar[str] = "w4a16"
+    BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
+
     warps_n: int = 1
     warps_k: int = 8
     row_groups: int = 1
@@ -125,12 +124,7 @@ class GemmConfig:
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
-        if self.block_m not in BLOCK_MS:
-            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
-        if self.has_bias and self.epilogue != "none":
-            raise ValueError("bias is only supported with the 'none' epilogue")
+        self.check_problem()
         if self.n_out % self.rows_per_cta != 0:
             raise ValueError(f"N_out={self.n_out} must be a multiple of {self.rows_per_cta}")
         if self.k % (128 * self.warps_k) != 0:
@@ -143,10 +137,6 @@ class GemmConfig:
             raise ValueError(f"decode must be one of {DECODES}, got {self.decode!r}")
 
     @property
-    def n_out(self) -> int:
-        return self.n // 2 if self.epilogue == "swiglu" else self.n
-
-    @property
     def rows_per_cta(self) -> int:
         """Output rows (features) per CTA: 16 per MMA row group, ``row_groups`` per warp."""
         return 16 * self.row_groups * self.warps_n
@@ -154,8 +144,7 @@ class GemmConfig:
     @property
     def name(self) -> str:
         return (
-            f"w4a16_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
-            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_wn{self.warps_n}"
+            f"{self.name_head}_wn{self.warps_n}"
             f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}_{self.decode}_{self.arch}"
         )
 
@@ -382,7 +371,6 @@ class W4A16GroupedGemm(DirectLaunch):
                  grp, quad, num_rows):
         """C fragment j of column tile t: weight row g + 8 (j // 2), token 8t + 2c + (j % 2)."""
         cfg = self.cfg
-        half = cfg.n // 2
         # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
         unscale = Float32(128.0 if cfg.decode == "shift" else 1.0)
         for j in cutlass.range_constexpr(cfg.row_groups):
@@ -391,25 +379,16 @@ class W4A16GroupedGemm(DirectLaunch):
                     token = m0 + t * 8 + quad * 2 + (f % 2)
                     row = row0 + 16 * j + grp + 8 * (f // 2)
                     if token < num_rows:
-                        v = acc[4 * (j * self.num_tiles + t) + f] * unscale
-                        v = v * w_global[expert, row]
-                        if const_expr(cfg.epilogue == "swiglu"):
-                            q_up = cfg.row_groups + j
-                            up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
-                            up = up * w_global[expert, row + half]
-                            v = clamped_swiglu(v, up, swiglu_limit)
-                        if const_expr(cfg.epilogue == "row_scale"):
-                            v = v * row_scale[token]
-                        if const_expr(cfg.has_bias):
-                            v = v + bias[row].to(Float32)
+                        # the up rows are row groups row_groups + j
+                        v = epilogue_value(cfg, acc, 4 * (j * self.num_tiles + t) + f,
+                                           4 * ((cfg.row_groups + j) * self.num_tiles + t) + f,
+                                           unscale, w_global, expert, row, token, row_scale,
+                                           bias, swiglu_limit)
                         out[token, row] = v.to(BFloat16)
 
 
 def compile_gemm(cfg: GemmConfig, extra_options: str = ""):
-    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
-
-    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
-    with torch tensors; it launches on torch's current stream.
-    """
+    """Compile ``cfg`` for sm_90a from fake tensors, no GPU needed (the tvm-ffi callable of
+    :func:`nvfp4_ops.kernels.cute.gemm_interface.compile_from_fakes`)."""
     return compile_from_fakes(W4A16GroupedGemm(cfg), cfg, scale_align=2,
                               extra_options=extra_options)

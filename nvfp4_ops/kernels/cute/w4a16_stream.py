@@ -94,6 +94,7 @@ weight (~2.5 integer/bf16 ops now, see ``pair4``), which needs a prepared weight
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -110,8 +111,9 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
 from nvfp4_ops.kernels.cute.gemm_interface import (
     EPILOGUES,
     DirectLaunch,
-    clamped_swiglu,
+    GemmProblem,
     compile_from_fakes,
+    epilogue_value,
 )
 
 __all__ = [
@@ -143,22 +145,21 @@ def _odd16(nbytes: int) -> int:
 
 
 @dataclass(frozen=True)
-class StreamConfig:
+class StreamConfig(GemmProblem):
     """Everything that changes the generated code (P and G are symbolic).
 
-    ``row_groups``: MMA row sets per CTA (per half for SwiGLU); ``warps_k``: consumer warps
-    (split K inside the CTA); ``steps``: 128-k steps per consumer per stage (stage K chunk
-    ``kc = 128 * warps_k * steps``); ``stages``: pipeline depth; ``release``: ``fence`` or
-    ``lag`` (module docstring); ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row
-    sets (A rows 8-15 zero) for twice the CTAs; ``ctas``: persistent launch (at most that many
-    CTAs loop over the work items; 0 = one CTA per item); ``compute``: diagnostics (below).
+    The problem fields of :class:`GemmProblem`, then ``row_groups``: MMA row sets per CTA
+    (per half for SwiGLU); ``warps_k``: consumer warps (split K inside the CTA); ``steps``:
+    128-k steps per consumer per stage (stage K chunk ``kc = 128 * warps_k * steps``);
+    ``stages``: pipeline depth; ``release``: ``fence`` or ``lag`` (module docstring);
+    ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row sets (A rows 8-15 zero) for
+    twice the CTAs; ``ctas``: persistent launch (at most that many CTAs loop over the work
+    items; 0 = one CTA per item); ``compute``: diagnostics (below).
     """
 
-    n: int
-    k: int
-    epilogue: str = "none"
-    has_bias: bool = False
-    grouped: bool = False
+    PREFIX: ClassVar[str] = "w4a16s"
+    BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
+
     block_m: int = 8
     row_groups: int = 1
     warps_k: int = 4
@@ -176,14 +177,9 @@ class StreamConfig:
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
+        self.check_problem()
         if self.release not in RELEASES:
             raise ValueError(f"release must be one of {RELEASES}, got {self.release!r}")
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
-        if self.block_m not in BLOCK_MS:
-            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
-        if self.has_bias and self.epilogue != "none":
-            raise ValueError("bias is only supported with the 'none' epilogue")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
         if self.n_out % self.rows_out != 0:
@@ -204,10 +200,6 @@ class StreamConfig:
             raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
-
-    @property
-    def n_out(self) -> int:
-        return self.n // 2 if self.epilogue == "swiglu" else self.n
 
     @property
     def kc(self) -> int:
@@ -256,8 +248,7 @@ class StreamConfig:
     @property
     def name(self) -> str:
         return (
-            f"w4a16s_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
-            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_rg{self.row_groups}"
+            f"{self.name_head}_rg{self.row_groups}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"_{self.release}{'_inv' if self.inval else ''}"
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
@@ -638,7 +629,6 @@ class W4A16StreamGemm(DirectLaunch):
         """C fragment f of column tile t, row set q: weight row 16 q + g + 8 (f // 2), token
         8 t + 2 c + (f % 2). Row set q of the up half is ``row_groups + q``."""
         cfg = self.cfg
-        half = cfg.n // 2
         unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
         for j in cutlass.range_constexpr(cfg.row_groups):
             for t in cutlass.range_constexpr(self.num_tiles):
@@ -646,26 +636,15 @@ class W4A16StreamGemm(DirectLaunch):
                     token = m0 + t * 8 + quad * 2 + (f % 2)
                     row = row0 + cfg.set_rows * j + grp + 8 * (f // 2)
                     if token < num_rows:
-                        v = acc[4 * (j * self.num_tiles + t) + f] * unscale
-                        v = v * w_global[expert, row]
-                        if const_expr(cfg.epilogue == "swiglu"):
-                            q_up = cfg.row_groups + j
-                            up = acc[4 * (q_up * self.num_tiles + t) + f] * unscale
-                            up = up * w_global[expert, row + half]
-                            v = clamped_swiglu(v, up, swiglu_limit)
-                        if const_expr(cfg.epilogue == "row_scale"):
-                            v = v * row_scale[token]
-                        if const_expr(cfg.has_bias):
-                            v = v + bias[row].to(Float32)
+                        v = epilogue_value(cfg, acc, 4 * (j * self.num_tiles + t) + f,
+                                           4 * ((cfg.row_groups + j) * self.num_tiles + t) + f,
+                                           unscale, w_global, expert, row, token, row_scale,
+                                           bias, swiglu_limit)
                         out[token, row] = v.to(BFloat16)
 
 
 def compile_gemm(cfg: StreamConfig, extra_options: str = ""):
-    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
-
-    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
-    with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
-    stream.
-    """
+    """Compile ``cfg`` for sm_90a from fake tensors, no GPU needed (the tvm-ffi callable of
+    :func:`nvfp4_ops.kernels.cute.gemm_interface.compile_from_fakes`)."""
     return compile_from_fakes(W4A16StreamGemm(cfg), cfg, scale_align=16,
                               extra_options=extra_options)

@@ -85,6 +85,7 @@ one or two consumer warps per SM sub-partition limit it, not memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -98,7 +99,12 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
     ld_shared_v4_at,
     scales_to_bf16x2_pre,
 )
-from nvfp4_ops.kernels.cute.gemm_interface import EPILOGUES, clamped_swiglu, compile_from_fakes
+from nvfp4_ops.kernels.cute.gemm_interface import (
+    EPILOGUES,
+    GemmProblem,
+    clamped_swiglu,
+    compile_from_fakes,
+)
 
 __all__ = [
     "BLOCK_MS",
@@ -129,22 +135,20 @@ VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), 
 
 
 @dataclass(frozen=True)
-class WgmmaConfig:
+class WgmmaConfig(GemmProblem):
     """Everything that changes the generated code (P and G are symbolic).
 
-    ``n``/``k``: weight rows / reduction length per group (static). ``block_m``: tokens per
-    CTA = the WGMMA N. ``row_wgs``: consumer warpgroups on different 64-A-row blocks (they share
+    The problem fields of :class:`GemmProblem` (``block_m``: tokens per CTA = the WGMMA N),
+    then ``row_wgs``: consumer warpgroups on different 64-A-row blocks (they share
     the activation tile). ``split_k``: consumer warpgroups on the same rows that take turns on
     the k tiles (deterministic reduction through shared memory at the end); there are
     ``row_wgs * split_k`` consumer warpgroups. ``stages``: depth of the TMA ring (0 = as many
     as fit in shared memory, at most 8).
     """
 
-    n: int
-    k: int
-    epilogue: str = "none"
-    has_bias: bool = False
-    grouped: bool = False
+    PREFIX: ClassVar[str] = "w4a16wg"
+    BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
+
     block_m: int = 128
     row_wgs: int = 2
     split_k: int = 1
@@ -160,12 +164,7 @@ class WgmmaConfig:
     allow_unverified: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
-        if self.block_m not in BLOCK_MS:
-            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
-        if self.has_bias and self.epilogue != "none":
-            raise ValueError("bias is only supported with the 'none' epilogue")
+        self.check_problem()
         if self.row_wgs not in (1, 2, 4) or self.split_k not in (1, 2, 4):
             raise ValueError("row_wgs and split_k must be 1, 2 or 4")
         if self.consumers > 4:
@@ -204,10 +203,6 @@ class WgmmaConfig:
         return self.consumers > 1 and self.block_m >= 128
 
     @property
-    def n_out(self) -> int:
-        return self.n // 2 if self.epilogue == "swiglu" else self.n
-
-    @property
     def features_per_cta(self) -> int:
         """Output features per CTA: 64 per row warpgroup (32 for SwiGLU: gate + up)."""
         return (32 if self.epilogue == "swiglu" else 64) * self.row_wgs
@@ -224,8 +219,7 @@ class WgmmaConfig:
     @property
     def name(self) -> str:
         return (
-            f"w4a16wg_n{self.n}_k{self.k}_{self.epilogue}{'_bias' if self.has_bias else ''}"
-            f"{'_grouped' if self.grouped else ''}_bm{self.block_m}_r{self.row_wgs}"
+            f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}_{self.arch}"
         )
 
@@ -799,11 +793,7 @@ class W4A16WgmmaGemm:
 
 
 def compile_gemm(cfg: WgmmaConfig, extra_options: str = ""):
-    """Compile one config from fake tensors (no GPU needed); returns the tvm-ffi callable.
-
-    Call it as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
-    with torch tensors (``a`` and ``w`` 16-byte aligned); it launches on torch's current
-    stream.
-    """
+    """Compile ``cfg`` for sm_90a from fake tensors, no GPU needed (the tvm-ffi callable of
+    :func:`nvfp4_ops.kernels.cute.gemm_interface.compile_from_fakes`)."""
     return compile_from_fakes(W4A16WgmmaGemm(cfg), cfg, scale_align=4,
                               extra_options=extra_options)
