@@ -39,9 +39,6 @@ _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = _MMA
 #: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
 BLOCK_MS = (8, 16, 32, 64, 128, 256)
-#: dense problems pass ``m_tiles = ceil(M / block_m)`` to the config choice, clamped here (so
-#: the cached choice has a bounded key set; ``w4a16_wgmma.MAX_M_TILES`` is not larger)
-_M_TILES_CAP = 16
 _dummies: dict[tuple, torch.Tensor] = {}
 
 
@@ -84,7 +81,7 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
     ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
-    ``m_tiles`` (dense only: ``ceil(M / block_m)``, at most ``_M_TILES_CAP``) lets the WGMMA
+    ``m_tiles`` (dense only: ``ceil(M / block_m)``, at most :func:`_m_tiles_cap`) lets the WGMMA
     family size its tile shape to the number of CTAs (``w4a16_wgmma.choose_config``).
     ``kperm`` (grouped only): the activations are k-permuted (:mod:`nvfp4_ops.kernels.kperm`),
     which only the WGMMA family reads (see :func:`grouped_kperm`).
@@ -233,7 +230,7 @@ def grouped_w4a16_gemm(
         raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
     if num_rows == 0:
         return
-    m_tiles = None if tile_expert is not None else min(-(-num_rows // block_m), _M_TILES_CAP)
+    m_tiles = None if tile_expert is not None else min(-(-num_rows // block_m), _m_tiles_cap())
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
                         m_tiles, kperm)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias)
@@ -330,10 +327,18 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
 @functools.cache
 def dense_m_tiles(block_m: int) -> tuple[int, ...]:
     """The ``m_tiles`` values a dense linear with tile ``block_m`` can pass to
-    :func:`choose_config` (from :func:`block_m_for_tokens` and ``_M_TILES_CAP``)."""
-    reach = {min(-(-m // block_m), _M_TILES_CAP) for m in range(1, block_m * _M_TILES_CAP + 1)
+    :func:`choose_config` (from :func:`block_m_for_tokens` and :func:`_m_tiles_cap`)."""
+    cap = _m_tiles_cap()
+    reach = {min(-(-m // block_m), cap) for m in range(1, block_m * cap + 1)
              if block_m_for_tokens(m) == block_m}
     return tuple(sorted(reach))
+
+
+@functools.cache
+def _m_tiles_cap() -> int:
+    """Dense calls pass ``m_tiles`` clamped to the WGMMA family's ``MAX_M_TILES`` (beyond it
+    its choice no longer changes), so the cached :func:`choose_config` has bounded keys."""
+    return _kernel_module(_WGMMA).MAX_M_TILES
 
 
 def run_once(cfg, device: torch.device | str = "cuda") -> None:
