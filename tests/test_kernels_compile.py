@@ -20,8 +20,9 @@ VARIANTS = linear_cuda.variants_for_shapes(["v4-flash", "v4-pro"], include_moe=T
 def test_variant_set_covers_every_block_m_and_epilogue():
     names = {c.name for c in VARIANTS}
     # 2 shapes x 4 problems x 6 token tiles, plus the dense WGMMA tiles that depend on the
-    # number of m-tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the two shapes)
-    assert len(names) == len(VARIANTS) == 54
+    # number of m-tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the two shapes), plus
+    # the persistent decode gate/up of each shape (<= PERSIST_MAX_TILES token tiles)
+    assert len(names) == len(VARIANTS) == 56
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
     for s_name in ("v4-flash", "v4-pro"):
@@ -31,7 +32,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
         for bm in linear_cuda.BLOCK_MS:
             for n, k, epi, grouped in s.gemm_problems():
                 kperm = grouped and linear_cuda.grouped_kperm(s.hidden, s.intermediate, bm)
-                for m_tiles in [None] if grouped else linear_cuda.dense_m_tiles(bm):
+                for m_tiles in linear_cuda.reach_m_tiles(bm, grouped):
                     cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles,
                                                     kperm)
                     assert cfg.name in names

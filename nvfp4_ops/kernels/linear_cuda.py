@@ -25,6 +25,7 @@ __all__ = [
     "grouped_w4a16_gemm",
     "linear",
     "mlp",
+    "reach_m_tiles",
     "run_once",
     "variants_for_shapes",
 ]
@@ -81,8 +82,9 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
     ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
-    ``m_tiles`` (dense only: ``ceil(M / block_m)``, at most :func:`_m_tiles_cap`) lets the WGMMA
-    family size its tile shape to the number of CTAs (``w4a16_wgmma.choose_config``).
+    ``m_tiles`` (``ceil(P / block_m)``, clamped by :func:`_m_tiles_cap`) lets the WGMMA family
+    size a dense tile shape to the number of CTAs (``w4a16_wgmma.choose_config``) and the
+    streamed family pick persistent CTAs for a grouped problem with few token tiles (decode).
     ``kperm`` (grouped only): the activations are k-permuted (:mod:`nvfp4_ops.kernels.kperm`),
     which only the WGMMA family reads (see :func:`grouped_kperm`).
 
@@ -100,7 +102,9 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                              f"block_m={block_m}, grouped={grouped}")
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True)
     if _covers(mod, n_out, k, block_m):
-        if m_tiles is not None and not grouped and _family(block_m, grouped) == _WGMMA:
+        family = _family(block_m, grouped)
+        if m_tiles is not None and ((not grouped and family == _WGMMA)
+                                    or (grouped and family == _STREAM)):
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles)
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped)
     fallback = _gemm_module()
@@ -230,7 +234,7 @@ def grouped_w4a16_gemm(
         raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
     if num_rows == 0:
         return
-    m_tiles = None if tile_expert is not None else min(-(-num_rows // block_m), _m_tiles_cap())
+    m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
                         m_tiles, kperm)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias)
@@ -318,10 +322,19 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
                     continue
                 # the MoE passes kperm exactly when both of its GEMMs run WGMMA
                 kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
-                for m_tiles in [None] if grouped else dense_m_tiles(bm):
+                for m_tiles in reach_m_tiles(bm, grouped):
                     cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm)
                     seen.setdefault(cfg.name, cfg)
     return list(seen.values())
+
+
+@functools.cache
+def reach_m_tiles(block_m: int, grouped: bool) -> tuple[int, ...]:
+    """The ``m_tiles`` values a call with tile ``block_m`` can pass to :func:`choose_config`:
+    :func:`dense_m_tiles`, or for grouped problems every value up to the grouped cap."""
+    if grouped:
+        return tuple(range(1, _m_tiles_cap(True) + 1))
+    return dense_m_tiles(block_m)
 
 
 @functools.cache
@@ -335,9 +348,12 @@ def dense_m_tiles(block_m: int) -> tuple[int, ...]:
 
 
 @functools.cache
-def _m_tiles_cap() -> int:
-    """Dense calls pass ``m_tiles`` clamped to the WGMMA family's ``MAX_M_TILES`` (beyond it
-    its choice no longer changes), so the cached :func:`choose_config` has bounded keys."""
+def _m_tiles_cap(grouped: bool = False) -> int:
+    """Calls pass ``m_tiles`` clamped to where the choice stops changing, so the cached
+    :func:`choose_config` has bounded keys: the WGMMA family's ``MAX_M_TILES`` (dense), one
+    past the streamed family's ``PERSIST_MAX_TILES`` (grouped)."""
+    if grouped:
+        return _kernel_module(_STREAM).PERSIST_MAX_TILES + 1
     return _kernel_module(_WGMMA).MAX_M_TILES
 
 

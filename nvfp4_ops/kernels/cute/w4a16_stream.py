@@ -256,6 +256,13 @@ class StreamConfig(GemmProblem):
         )
 
 
+#: grouped gate/up problems with at most this many token tiles (static: the MoE's padded rows /
+#: 8; V4 decode T = 1 has 6) run persistent CTAs, :data:`PERSIST_CTAS` of them
+PERSIST_MAX_TILES = 8
+#: 3 CTAs per SM of a 132-SM H100 / H200 (a correct launch on any GPU, tuned on the H200)
+PERSIST_CTAS = 396
+
+
 def supported(n_out: int, k: int) -> bool:
     """Whether :func:`choose_config` covers this problem (N_out % 16, K % 256)."""
     return n_out % 16 == 0 and k % 256 == 0
@@ -268,8 +275,10 @@ def choose_config(
     epilogue: str = "none",
     has_bias: bool = False,
     grouped: bool = False,
+    m_tiles: int | None = None,
 ) -> StreamConfig:
-    """The config for a problem: a pure function of static sizes and ``block_m``.
+    """The config for a problem: a pure function of static sizes, ``block_m`` and (grouped
+    only) ``m_tiles``, the static number of token tiles (the MoE's padded rows / ``block_m``).
 
     From the H200 sweep (benchmarks/results/stream_dev_h200.txt, run 3; CUDA-graph replay, cold
     L2). What counts is resident CTAs per SM (shared memory per CTA) and 1 KB+ chunks:
@@ -279,6 +288,11 @@ def choose_config(
       333 / 565 us vs 34.8 / 168 / 332 / 553 for w4a16_gemm; down 17.0 / 82.2 / 176 / 292 vs
       19.3 / 90.5 / 179 / 304. (4 warps, 1024-k chunks, 3 stages gets gate/up T=1 to 29.9 us but
       is 10 % slower than w4a16_gemm from T = 7 on: 3 CTAs per SM instead of 5.)
+    * grouped gate/up (SwiGLU), session 3 sweep (h200_2026-11-30_s3/stream_persist_run2.log):
+      4 consumer warps and 2 stages beat 2 warps from T = 8 on (V4-Flash T = 8 / 32 / 128:
+      164 / 512 / 900 us vs 172 / 519 / 960); at T = 1 (6 token tiles) persistent CTAs, 4 warps,
+      3 stages, :data:`PERSIST_CTAS` CTAs: 27.9 us vs 31.0. The down GEMM keeps 2 warps (484 vs
+      522 us at T = 128, within 3 % elsewhere).
     * dense, block_m 8: 4 consumer warps, 1024-k chunks, 4 stages: M=1 (7168, 18432) 34.9 us
       (36.1 w4a16_gemm, 68.6 bf16), (18432, 7168) 32.2 us (37.6, 70.4).
     * block_m 16 / 32: w4a16_gemm is faster (M=16 42.7 vs 51.7 us at (7168, 18432)); the best
@@ -289,7 +303,13 @@ def choose_config(
     n_out = n // 2 if epilogue == "swiglu" else n
     if not supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
-    if grouped or epilogue == "swiglu":
+    ctas = 0
+    if grouped and epilogue == "swiglu":
+        if m_tiles is not None and m_tiles <= PERSIST_MAX_TILES:
+            prefs, ctas = [(4, 2, 3, "fence")], PERSIST_CTAS
+        else:
+            prefs = [(4, 2, 2, "fence")]
+    elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2, "fence")]
     elif block_m == 8:
         prefs = [(4, 2, 4, "fence")]
@@ -300,7 +320,8 @@ def choose_config(
     for warps_k, steps, stages, release in prefs:
         if k % (128 * warps_k * steps) == 0:
             return StreamConfig(n, k, epilogue, has_bias, grouped, block_m, row_groups=1,
-                                warps_k=warps_k, steps=steps, stages=stages, release=release)
+                                warps_k=warps_k, steps=steps, stages=stages, release=release,
+                                ctas=ctas)
     raise AssertionError("unreachable: K % 256 == 0")
 
 
