@@ -13,7 +13,8 @@ of weight row ``h * N/H2 + r`` of group ``g``. ``H2 = 2`` for the ``swiglu`` epi
 (``[g, 0, r]`` = gate row ``r``, ``[g, 1, r]`` = up row ``r + N/2``), ``H2 = 1`` otherwise. All
 three strides are runtime arguments and may be 0, so the torch side passes a per-tensor scalar,
 a gate/up pair per expert or a per-row ``[G, N]`` table as a view, never a per-call expansion
-(:func:`nvfp4_ops.kernels.linear_cuda.global_scale_view`).
+(``per_group_global_view``, ``gate_up_global_view``, ``per_row_global_view`` in
+:mod:`nvfp4_ops.kernels.linear_cuda`).
 """
 
 from __future__ import annotations
