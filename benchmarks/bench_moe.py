@@ -254,7 +254,8 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
 
 def sweep_and_breakdown(shape: MoEShape, tokens, reps: int, device: str) -> list[dict]:
     """Diagnostics: the whole op at every ``block_m`` and the time of each stage at the chosen
-    one (routing+gather, scale expansion, GEMM 1, GEMM 2, combine), each from its own graph."""
+    one (routing+gather, GEMM 1, GEMM 2, combine), each from its own graph. The GEMMs take the
+    global scales as views (``[E, 2, I]``, ``[E, 1, H]``), as the op passes them."""
     experts = fast_random_experts(shape, device)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
     out = []
@@ -289,14 +290,13 @@ def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch
     kw = {"kperm": True} if kp else {}
     routing = moe_routing.moe_routing(ids, num_experts, 0, bm)
     a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kp)
-    g13, g2 = moe_cuda._row_globals(w13_global, w2_global, inter, hidden_size)
+    g13 = linear_cuda.gate_up_global_view(w13_global, inter)
+    g2 = linear_cuda.per_group_global_view(w2_global, hidden_size)
     act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=device)
     y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=device)
     stages = {
         "routing+gather": lambda: moe_routing.gather_rows(
             hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm), kp),
-        "scale expansion": lambda: moe_cuda._row_globals(w13_global, w2_global, inter,
-                                                         hidden_size),
         "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
                                      epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
                                      row_scale=None, bias=None, block_m=bm, **kw),

@@ -169,10 +169,19 @@ def _compile_one(cfg):
 
 
 def compiled(cfg):
+    """The binary for ``cfg``, called with this script's per-row ``w_global [G, N]``: passed as
+    the binary's ``[G, H2, N/H2]`` view."""
     from nvfp4_ops import _compile
+    from nvfp4_ops.kernels.linear_cuda import per_row_global_view
 
     mod = _module(cfg)
-    return _compile.get_compiled(cfg, lambda: mod.compile_gemm(cfg))
+    binary = _compile.get_compiled(cfg, lambda: mod.compile_gemm(cfg))
+    halves = 2 if cfg.epilogue == "swiglu" else 1
+
+    def fn(a, w, w_scale, w_global, *rest):
+        return binary(a, w, w_scale, per_row_global_view(w_global, cfg.n, halves), *rest)
+
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------

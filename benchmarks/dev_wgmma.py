@@ -48,6 +48,7 @@ from nvfp4_ops import _compile
 _compile.ensure_cutlass_env()
 
 from nvfp4_ops.kernels.cute import w4a16_wgmma as wg  # noqa: E402
+from nvfp4_ops.kernels.linear_cuda import per_row_global_view  # noqa: E402
 from nvfp4_ops.reference import linear_fp32  # noqa: E402
 from nvfp4_ops.reference.mlp import clamped_swiglu  # noqa: E402
 
@@ -57,11 +58,18 @@ _fns: dict[str, object] = {}
 
 
 def compiled(cfg):
-    """The binary for ``cfg`` (package disk cache: a child's compile serves the parent)."""
+    """The binary for ``cfg`` (package disk cache: a child's compile serves the parent), called
+    with this script's per-row ``w_global [G, N]``: passed as the binary's ``[G, H2, N/H2]``
+    view."""
     fn = _fns.get(cfg.name)
     if fn is None:
         t = time.time()
-        fn = _compile.get_compiled(cfg, lambda: wg.compile_gemm(cfg))
+        binary = _compile.get_compiled(cfg, lambda: wg.compile_gemm(cfg))
+        halves = 2 if cfg.epilogue == "swiglu" else 1
+
+        def fn(a, w, w_scale, w_global, *rest, binary=binary, halves=halves):
+            return binary(a, w, w_scale, per_row_global_view(w_global, cfg.n, halves), *rest)
+
         _fns[cfg.name] = fn
         print(f"  compiled/loaded {cfg.name} in {time.time() - t:.1f} s", flush=True)
     return fn

@@ -63,6 +63,21 @@ def test_linear_vs_reference(n, k):
         check_close(out, ref, f"linear M={m} N={n} K={k}")
 
 
+@pytest.mark.parametrize("n,k", [(7168, 18432), (1536, 4096)])
+def test_linear_per_tensor_and_per_channel_global(n, k):
+    """The same weights with a per-tensor scalar (a stride-0 ``[1, 1, N]`` view) and a
+    per-channel ``[N]`` global, at token counts of every family (tiles 8, 16-32, 64+)."""
+    gen = torch.Generator(device="cuda").manual_seed(n + 3 * k)
+    weight, weight_scale, per_channel = random_nvfp4(n, k, gen)
+    per_tensor = torch.rand((), device="cuda", generator=gen) * 0.01 + 1e-3
+    for m in (1, 13, 64, 199):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        for name, gscale in (("per-tensor", per_tensor), ("per-channel", per_channel)):
+            ref = linear_fp32(x, weight, weight_scale, gscale.expand(n).clone())
+            out = nvfp4_ops.linear(x, weight, weight_scale, gscale)
+            check_close(out, ref, f"linear {name} global M={m} N={n} K={k}")
+
+
 def test_linear_bias_and_unsupported_fallback():
     gen = torch.Generator(device="cuda").manual_seed(5)
     for n, k in [(4096, 4096), (48, 96)]:  # second: K % 128 != 0 -> exact reference path
@@ -84,8 +99,7 @@ _TILES = [8, 16, 32, 64, 128, 256]
 def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
     """Every token tile of every kernel family (linear_cuda._family) on a grouped problem;
     ``kperm``: k-permuted activations in, k-permuted SwiGLU output (the MoE's WGMMA path)."""
-    from nvfp4_ops.kernels.kperm import permute_k
-    from nvfp4_ops.kernels.linear_cuda import grouped_kperm, grouped_w4a16_gemm
+    from nvfp4_ops.kernels.linear_cuda import grouped_kperm
 
     assert not kperm or grouped_kperm(1024, 256, bm)
 
@@ -100,30 +114,76 @@ def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
     a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
     row_scale = torch.rand(rows, device="cuda", generator=gen)
     for epilogue in ("none", "row_scale", "swiglu"):
-        n_out = n // 2 if epilogue == "swiglu" else n
-        out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-        grouped_w4a16_gemm(permute_k(a) if kperm else a, tile_expert, w, w_scale, w_global,
-                           out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,
-                           block_m=bm, kperm=kperm)
-        for t, e in enumerate(tile_expert.tolist()):
-            sl = slice(t * bm, min((t + 1) * bm, rows))
-            if e < 0:
-                assert torch.isnan(out[sl]).all(), f"{epilogue}: skipped tile {t} was written"
-                continue
-            ref = linear_fp32(a[sl], w[e], w_scale[e], w_global[e])
-            if epilogue == "row_scale":
-                ref = ref * row_scale[sl, None]
-            if epilogue == "swiglu":
-                from nvfp4_ops.reference.mlp import clamped_swiglu
+        _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, w_global, row_scale,
+                               epilogue, bm, kperm)
 
-                ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
-                if kperm:
-                    ref = permute_k(ref)
-                out_t = out[sl].float()
-                err = (out_t - ref).norm() / ref.norm()
-                assert not torch.isnan(out_t).any() and err < 4e-3, f"swiglu tile {t}: {err}"
-            else:
-                check_close(out[sl], ref, f"grouped {epilogue} tile {t}")
+
+def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, row_scale,
+                           epilogue, bm, kperm):
+    """Run ``grouped_w4a16_gemm`` with the global-scale argument ``w_global`` into a NaN-poisoned
+    output and check every tile against ``linear_fp32`` with the per-row globals
+    ``rows_global`` fp32 ``[G, N]`` (contiguous, built independently)."""
+    from nvfp4_ops.kernels.kperm import permute_k
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+    from nvfp4_ops.reference.mlp import clamped_swiglu
+
+    rows, n = a.shape[0], w.shape[1]
+    n_out = n // 2 if epilogue == "swiglu" else n
+    out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+    grouped_w4a16_gemm(permute_k(a) if kperm else a, tile_expert, w, w_scale, w_global,
+                       out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,
+                       block_m=bm, kperm=kperm)
+    for t, e in enumerate(tile_expert.tolist()):
+        sl = slice(t * bm, min((t + 1) * bm, rows))
+        if e < 0:
+            assert torch.isnan(out[sl]).all(), f"{epilogue}: skipped tile {t} was written"
+            continue
+        ref = linear_fp32(a[sl], w[e], w_scale[e], rows_global[e])
+        if epilogue == "row_scale":
+            ref = ref * row_scale[sl, None]
+        if epilogue == "swiglu":
+            ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
+            if kperm:
+                ref = permute_k(ref)
+            out_t = out[sl].float()
+            err = (out_t - ref).norm() / ref.norm()
+            assert not torch.isnan(out_t).any() and err < 4e-3, f"swiglu tile {t}: {err}"
+        else:
+            check_close(out[sl], ref, f"grouped {epilogue} tile {t}")
+
+
+@pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
+                         + [(bm, True) for bm in _TILES[1:]])
+def test_grouped_gemm_stride0_global_views(bm, kperm):
+    """The MoE's global-scale arguments on every kernel family: a gate/up pair per expert
+    ``[G, 2]`` as the stride-0 view ``[G, 2, N/2]`` (``swiglu``; up = 3 x gate, so a swapped
+    or averaged pair fails) and one scale per expert ``[G]`` as ``[G, 1, N]`` (``row_scale``,
+    ``none``), against per-row globals expanded independently."""
+    from nvfp4_ops.kernels.linear_cuda import gate_up_global_view, per_group_global_view
+
+    gen = torch.Generator(device="cuda").manual_seed(23 + bm)
+    groups, n, k = 3, 512, 1024
+    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
+    w = torch.stack([t[0] for t in ws])
+    w_scale = torch.stack([t[1] for t in ws])
+    pair = torch.rand(groups, 2, device="cuda", generator=gen) * 0.01 + 1e-3
+    pair[:, 1] = 3 * pair[:, 0]
+    per_expert = torch.rand(groups, device="cuda", generator=gen) * 0.01 + 1e-3
+    tile_expert = torch.tensor([1, 0, -1, 2, 2, 0], dtype=torch.int32, device="cuda")
+    rows = tile_expert.numel() * bm - 3
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    row_scale = torch.rand(rows, device="cuda", generator=gen)
+    for epilogue in ("swiglu", "row_scale", "none"):
+        if epilogue == "swiglu":
+            view = gate_up_global_view(pair, n // 2)
+            rows_global = torch.cat([pair[:, :1].repeat(1, n // 2),
+                                     pair[:, 1:].repeat(1, n // 2)], dim=1)
+        else:
+            view = per_group_global_view(per_expert, n)
+            rows_global = per_expert[:, None].repeat(1, n)
+        assert view.stride()[2] == 0
+        _run_and_check_grouped(a, tile_expert, w, w_scale, view, rows_global, row_scale,
+                               epilogue, bm, kperm)
 
 
 @pytest.mark.parametrize("shape", ["v4-flash", "v4-pro"])
@@ -133,8 +193,9 @@ def test_mlp_vs_reference(shape):
     h, i = s.hidden, s.shared_intermediate
     w13, w13_scale, _ = random_nvfp4(2 * i, h, gen)
     w13_global = torch.rand(2, device="cuda", generator=gen) * 0.02 + 1e-3
+    w13_global[1] = 2.5 * w13_global[0]  # gate != up: a swapped or averaged pair fails
     w2, w2_scale, w2_global = random_nvfp4(h, i, gen, per_row_global=False)
-    for m in (1, 7, 64, 199, 1024):
+    for m in (1, 7, 16, 64, 199, 1024):
         x = torch.randn(m, h, device="cuda", generator=gen).to(torch.bfloat16)
         args = (x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, s.swiglu_limit)
         ref = mlp_reference(*args).float()
@@ -145,10 +206,11 @@ def test_mlp_vs_reference(shape):
         assert err < 4e-3, f"mlp {shape} M={m}: rel L2 {err:.3e}"
 
 
-def test_cuda_graph_replay_new_inputs():
+@pytest.mark.parametrize("per_row_global", [True, False])
+def test_cuda_graph_replay_new_inputs(per_row_global):
     gen = torch.Generator(device="cuda").manual_seed(13)
     n, k = 7168, 4096
-    weight, weight_scale, gscale = random_nvfp4(n, k, gen)
+    weight, weight_scale, gscale = random_nvfp4(n, k, gen, per_row_global)
     for m in (1, 16, 199):
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
         nvfp4_ops.linear(x, weight, weight_scale, gscale)  # compile/load outside capture
@@ -163,6 +225,14 @@ def test_cuda_graph_replay_new_inputs():
             torch.cuda.synchronize()
             eager = nvfp4_ops.linear(x, weight, weight_scale, gscale)
             assert torch.equal(y, eager), f"graph replay differs from eager at M={m}"
+        # the graph reads the global scales through a view of the argument: an in-place
+        # update is seen by the next replay
+        gscale.mul_(2)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = nvfp4_ops.linear(x, weight, weight_scale, gscale)
+        assert torch.equal(y, eager), f"replay after a global-scale update differs at M={m}"
 
 
 def test_torch_compile_fullgraph_dynamic():

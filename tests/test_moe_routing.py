@@ -239,7 +239,9 @@ def test_combine_fixed_order_and_non_local(kernels, num_tokens):
 def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
                        row_scale, bias, block_m, kperm=False):
     """The grouped-GEMM contract in torch: only tiles with an expert are computed/written
-    (``kperm``: ``a`` is k-permuted and a SwiGLU output is written k-permuted)."""
+    (``kperm``: ``a`` is k-permuted and a SwiGLU output is written k-permuted). ``w_global`` is
+    the kernels' ``[G, H2, N / H2]`` (any strides; ``H2 = 2`` for ``swiglu``), read here as
+    per-row globals ``[N]`` of each expert (gate half, then up half)."""
     from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k
     from nvfp4_ops.reference.linear import linear_fp32
     from nvfp4_ops.reference.mlp import clamped_swiglu
@@ -259,12 +261,14 @@ def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, s
     n = w.shape[1]
     assert bias is None and num_rows % block_m == 0
     assert tile_expert.dtype == torch.int32 and tile_expert.shape == (num_rows // block_m,)
-    assert w_global.shape == (w.shape[0], n) and w_global.dtype == torch.float32
+    halves = 2 if epilogue == "swiglu" else 1
+    assert w_global.shape == (w.shape[0], halves, n // halves)
+    assert w_global.dtype == torch.float32
     for tile, e in enumerate(tile_expert.tolist()):
         if e < 0:
             continue
         rows = slice(tile * block_m, (tile + 1) * block_m)
-        acc = linear_fp32(a[rows], w[e], w_scale[e], w_global[e])
+        acc = linear_fp32(a[rows], w[e], w_scale[e], w_global[e].reshape(n))
         if epilogue == "swiglu":
             val = clamped_swiglu(acc[:, :n // 2], acc[:, n // 2:], swiglu_limit)
         else:
@@ -331,41 +335,6 @@ def test_choose_block_m():
     assert choose_block_m(6 * 4096, 256) == 128
     assert choose_block_m(6 * 16384, 256) == 256
     assert all(choose_block_m(n, 256) in BLOCK_MS for n in range(0, 10**5, 997))
-
-
-def test_row_globals_cache_follows_in_place_updates():
-    from nvfp4_ops.kernels import moe_cuda
-
-    w13_global = torch.rand(4, 2) + 0.5
-    w2_global = torch.rand(4) + 0.5
-    first13, first2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
-    assert torch.equal(first13[:, :3], w13_global[:, :1].expand(4, 3))
-    assert torch.equal(first13[:, 3:], w13_global[:, 1:].expand(4, 3))
-    assert torch.equal(first2, w2_global[:, None].expand(4, 5))
-    again13, _ = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
-    assert again13 is first13  # cached
-    w13_global.mul_(2)
-    w2_global.add_(1)
-    new13, new2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
-    assert torch.equal(new13, 2 * first13) and torch.equal(new2, first2 + 1)
-    key = id(w13_global)
-    del w13_global
-    assert key not in moe_cuda._ROW_GLOBALS
-
-
-def test_row_globals_with_inference_tensors_are_never_cached():
-    """Inference-mode tensors keep no version counter: expanded on every call, no crash."""
-    from nvfp4_ops.kernels import moe_cuda
-
-    with torch.inference_mode():
-        w13_global = torch.rand(4, 2) + 0.5
-        w2_global = torch.rand(4) + 0.5
-        first13, first2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
-        assert torch.equal(first13[:, 3:], w13_global[:, 1:].expand(4, 3))
-        assert id(w13_global) not in moe_cuda._ROW_GLOBALS
-        w2_global.mul_(2)
-        _, new2 = moe_cuda._row_globals(w13_global, w2_global, 3, 5)
-        assert torch.equal(new2, 2 * first2)
 
 
 def test_covered_block_m_keeps_every_tile_for_supported_sizes():

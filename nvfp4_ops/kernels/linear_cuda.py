@@ -4,6 +4,12 @@ Also the torch-facing grouped GEMM (:func:`grouped_w4a16_gemm`) that the fused M
 variant enumeration behind :func:`nvfp4_ops.warmup` / ``python -m nvfp4_ops precompile``, and
 the token-tile choice. Everything is CUDA-graph safe: no host syncs, grid sizes from static
 shapes only, launches on torch's current stream (tvm-ffi reads it at call time).
+
+Global scales reach the kernels as fp32 ``[G, H2, N / H2]`` *views* of the op arguments
+(``H2 = 2`` for the SwiGLU GEMM: gate half, up half; 1 otherwise; any strides, 0 where one
+scale covers many rows; :mod:`nvfp4_ops.kernels.cute.gemm_interface`), built by
+:func:`per_row_global_view`, :func:`per_group_global_view` and :func:`gate_up_global_view`:
+no per-call expansion kernel, no cache of expanded rows.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ __all__ = [
     "block_m_for_tokens",
     "compiled_gemm",
     "dense_m_tiles",
+    "gate_up_global_view",
     "grouped_kperm",
     "grouped_w4a16_gemm",
     "linear",
     "mlp",
+    "per_group_global_view",
+    "per_row_global_view",
     "reach_m_tiles",
     "run_once",
     "variants_for_shapes",
@@ -177,6 +186,63 @@ def _aligned(t: torch.Tensor, align: int = 16) -> torch.Tensor:
     return t
 
 
+def _global_halves(epilogue: str) -> int:
+    """``H2`` of a GEMM's global-scale argument: 2 for ``swiglu`` (gate, up halves), else 1
+    (``gemm_interface.global_halves``, which this module does not import: it loads cutlass)."""
+    return 2 if epilogue == "swiglu" else 1
+
+
+def per_row_global_view(w_global: torch.Tensor, n: int, halves: int = 1) -> torch.Tensor:
+    """Per-row global scales fp32 ``[G, N]`` (or ``[N]``: one group) as the kernels' ``[G, H2,
+    N / H2]`` (``H2 = halves``: 2 for a SwiGLU GEMM, rows ``[0, N/2)`` gate, ``[N/2, N)`` up).
+
+    A view (same storage, any input strides kept: ``(s0, s1 * N/H2, s1)``); never a copy.
+
+    Raises:
+        ValueError: not fp32 ``[G, N]`` / ``[N]``, or ``N`` not a multiple of ``halves``.
+    """
+    if w_global.dim() == 1:
+        w_global = w_global.unsqueeze(0)
+    if (w_global.dim() != 2 or w_global.shape[1] != n or n % halves != 0
+            or w_global.dtype != torch.float32):
+        raise ValueError(f"per-row global scales must be fp32 [G, {n}] or [{n}] with N "
+                         f"divisible by {halves}, got {w_global.dtype} {tuple(w_global.shape)}")
+    return w_global.unflatten(1, (halves, n // halves))
+
+
+def per_group_global_view(scale: torch.Tensor, n: int) -> torch.Tensor:
+    """One global scale per group (per-tensor: ``[]``; per expert: fp32 ``[G]``) as the
+    kernels' ``[G, 1, N]`` (``[1, 1, N]`` for ``[]``): every row of group ``g`` reads
+    ``scale[g]``. A view: strides ``(s0, s0, 0)`` (``(0, 0, 0)`` for ``[]``), same storage.
+
+    Raises:
+        ValueError: not fp32 ``[]`` / ``[G]``.
+    """
+    if scale.dim() > 1 or scale.dtype != torch.float32:
+        raise ValueError(f"a per-group global scale must be fp32 [] or [G], got {scale.dtype} "
+                         f"{tuple(scale.shape)}")
+    if scale.dim() == 0:
+        return scale.expand(1, 1, n)
+    return scale.reshape(-1, 1, 1).expand(scale.shape[0], 1, n)
+
+
+def gate_up_global_view(scale: torch.Tensor, inter: int) -> torch.Tensor:
+    """A gate and an up global scale per group (fp32 ``[G, 2]``, or ``[2]``: one group) as the
+    SwiGLU GEMM's ``[G, 2, I]``: gate rows ``[0, I)`` read ``scale[g, 0]``, up rows ``[I, 2I)``
+    ``scale[g, 1]`` (kept separate, never folded). A view: strides ``(s0, s1, 0)``, same
+    storage.
+
+    Raises:
+        ValueError: not fp32 ``[G, 2]`` / ``[2]``.
+    """
+    if scale.dim() == 1:
+        scale = scale.unsqueeze(0)
+    if scale.dim() != 2 or scale.shape[1] != 2 or scale.dtype != torch.float32:
+        raise ValueError(f"gate/up global scales must be fp32 [G, 2] or [2], got {scale.dtype} "
+                         f"{tuple(scale.shape)}")
+    return scale.unsqueeze(2).expand(scale.shape[0], 2, inter)
+
+
 def grouped_w4a16_gemm(
     a: torch.Tensor,
     tile_expert: torch.Tensor | None,
@@ -199,7 +265,11 @@ def grouped_w4a16_gemm(
         tile_expert: int32 ``[ceil(P / block_m)]`` local group per m-tile, ``-1`` = skip (its
             rows are not written); None = one group, every tile valid (linear / MLP).
         w: uint8 ``[G, N, K/2]``; w_scale: float8_e4m3fn (or its uint8 view) ``[G, N, K/16]``;
-        w_global: fp32 ``[G, N]`` per output row (gate/up halves keep separate scales).
+        w_global: fp32 global scale per weight row, ``[G, N]`` (``[N]`` when ``w`` is 2-D) or
+            the kernels' own ``[G, H2, N / H2]`` (``H2 = 2`` for ``swiglu``: gate half, up
+            half; else 1), any strides, 0 included (see :func:`per_row_global_view`,
+            :func:`per_group_global_view`, :func:`gate_up_global_view`): passed as a view,
+            never copied.
         out: bf16 ``[P, N_out]``, preallocated; ``N_out = N/2`` for ``swiglu``.
         epilogue: ``"none"`` (+ optional ``bias`` bf16 ``[N]``), ``"swiglu"`` (gate rows
             ``[0, N/2)``, up rows ``[N/2, N)``; ``silu(min(gate, L)) * clamp(up, -L, L)`` in fp32),
@@ -215,14 +285,20 @@ def grouped_w4a16_gemm(
         ValueError: wrong shapes/dtypes, or an unsupported size.
     """
     if w.dim() == 2:
-        w, w_scale, w_global = w.unsqueeze(0), w_scale.unsqueeze(0), w_global.reshape(1, -1)
+        w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
     num_rows, k = a.shape
     groups, n, k_half = w.shape
     if k_half * 2 != k or tuple(w_scale.shape) != (groups, n, k // 16):
         raise ValueError(f"shape mismatch: a {tuple(a.shape)}, w {tuple(w.shape)}, "
                          f"w_scale {tuple(w_scale.shape)}")
-    if tuple(w_global.shape) != (groups, n) or w_global.dtype != torch.float32:
-        raise ValueError(f"w_global must be fp32 [G, N] = [{groups}, {n}]")
+    halves = _global_halves(epilogue)
+    if w_global.dim() in (1, 2) and w_global.shape[-1] == n and n % halves == 0:
+        w_global = per_row_global_view(w_global, n, halves)
+    if (tuple(w_global.shape) != (groups, halves, n // halves) or n % halves != 0
+            or w_global.dtype != torch.float32):
+        raise ValueError(f"w_global must be fp32 [G, N] = [{groups}, {n}] or [G, H2, N/H2] = "
+                         f"[{groups}, {halves}, {n // halves}] ({epilogue!r} epilogue), got "
+                         f"{w_global.dtype} {tuple(w_global.shape)}")
     if a.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or w.dtype != torch.uint8:
         raise ValueError("a/out must be bf16 and w uint8")
     n_out = n // 2 if epilogue == "swiglu" else n
@@ -241,16 +317,19 @@ def grouped_w4a16_gemm(
 
 
 def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias):
-    """Run the binary of ``cfg`` (arguments as :func:`grouped_w4a16_gemm`, already checked)."""
+    """Run the binary of ``cfg`` (arguments as :func:`grouped_w4a16_gemm`, already checked;
+    ``w_global`` ``[G, N]`` or ``[G, H2, N / H2]``, passed on as a view whatever its strides)."""
     fn = compiled_gemm(cfg)
     dev = a.device
     if w_scale.dtype != torch.uint8:
         w_scale = w_scale.view(torch.uint8)
+    if w_global.dim() == 2:
+        w_global = w_global.unflatten(1, (_global_halves(cfg.epilogue), -1))
     fn(
         _aligned(a),
         _aligned(w),
         _aligned(w_scale),
-        w_global.contiguous(),
+        w_global,
         out,
         tile_expert.contiguous() if tile_expert is not None else _dummy(torch.int32, dev),
         row_scale.float().contiguous() if row_scale is not None else _dummy(torch.float32, dev),
@@ -270,9 +349,11 @@ def linear(x, weight, weight_scale, global_scale, bias):
     out = torch.empty((num_tokens, n), dtype=torch.bfloat16, device=x.device)
     if num_tokens == 0:
         return out
-    row_global = global_scale.float().reshape(-1).expand(n).reshape(1, n).contiguous()
+    # a view, no copy (an expand-copy per call cost 36.5 vs 34.8 us at M=1 (7168, 18432), H200)
+    w_global = (per_group_global_view(global_scale, n) if global_scale.dim() == 0
+                else per_row_global_view(global_scale, n))
     grouped_w4a16_gemm(
-        x, None, weight.unsqueeze(0), weight_scale.unsqueeze(0), row_global, out,
+        x, None, weight.unsqueeze(0), weight_scale.unsqueeze(0), w_global, out,
         epilogue="none", bias=bias, block_m=block_m_for_tokens(num_tokens),
     )
     return out
@@ -292,14 +373,14 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
         return out
     bm = block_m_for_tokens(num_tokens)
     act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    row_global13 = w13_global.float().repeat_interleave(inter).reshape(1, 2 * inter)
     grouped_w4a16_gemm(
-        x, None, w13.unsqueeze(0), w13_scale.unsqueeze(0), row_global13, act,
+        x, None, w13.unsqueeze(0), w13_scale.unsqueeze(0), gate_up_global_view(w13_global, inter),
+        act,
         epilogue="swiglu", swiglu_limit=swiglu_limit, block_m=bm,
     )
-    row_global2 = w2_global.float().reshape(-1).expand(hidden).reshape(1, hidden).contiguous()
     grouped_w4a16_gemm(
-        act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), row_global2, out,
+        act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), per_group_global_view(w2_global, hidden),
+        out,
         epilogue="none", block_m=bm,
     )
     return out
@@ -364,7 +445,10 @@ def run_once(cfg, device: torch.device | str = "cuda") -> None:
     a = torch.randn(rows, cfg.k, generator=gen).to(torch.bfloat16).to(device)
     w = torch.randint(0, 256, (1, cfg.n, cfg.k // 2), generator=gen, dtype=torch.uint8).to(device)
     w_scale = torch.full((1, cfg.n, cfg.k // 16), 0x38, dtype=torch.uint8, device=device)
-    w_global = torch.ones(1, cfg.n, dtype=torch.float32, device=device)
+    # the shape every op passes for a per-tensor scale: a stride-0 view
+    halves = _global_halves(cfg.epilogue)
+    w_global = torch.ones((), dtype=torch.float32, device=device).expand(1, halves,
+                                                                          cfg.n // halves)
     out = torch.empty(rows, cfg.n_out, dtype=torch.bfloat16, device=device)
     tiles = (rows + cfg.block_m - 1) // cfg.block_m
     tile_expert = torch.zeros(tiles, dtype=torch.int32, device=device) if cfg.grouped else None

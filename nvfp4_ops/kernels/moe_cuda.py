@@ -11,9 +11,12 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
    rows), ``row_scale f32 [P]`` = router weight per row (0 in padding rows).
 3. grouped W4A16 GEMM, ``swiglu`` epilogue: ``h bf16 [P, I]`` =
    ``silu(min(gate, L)) * clamp(up, -L, L)``; gate rows scaled by ``w13_global[e, 0]``, up rows
-   by ``w13_global[e, 1]`` (separately, never folded).
+   by ``w13_global[e, 1]`` (separately, never folded). The GEMM reads ``w13_global [E, 2]``
+   through the view ``[E, 2, I]`` (strides ``(s0, s1, 0)``;
+   :func:`nvfp4_ops.kernels.linear_cuda.gate_up_global_view`).
 4. grouped W4A16 GEMM, ``row_scale`` epilogue: ``y bf16 [P, H]`` =
-   ``(h @ W2_e^T) * w2_global[e] * row_scale``.
+   ``(h @ W2_e^T) * w2_global[e] * row_scale``; ``w2_global [E]`` through the view ``[E, 1, H]``
+   (:func:`nvfp4_ops.kernels.linear_cuda.per_group_global_view`).
 5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
    fixed ``j`` order, non-local slots contribute 0.
 
@@ -35,13 +38,11 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
 
-from nvfp4_ops._validate import tensor_version
-from nvfp4_ops.kernels.linear_cuda import BLOCK_MS
+from nvfp4_ops.kernels.linear_cuda import BLOCK_MS, gate_up_global_view, per_group_global_view
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
@@ -84,47 +85,6 @@ def moe_supported(hidden_size: int, inter: int) -> bool:
     return hidden_size % 128 == 0 and inter % 128 == 0
 
 
-#: id(w13_global) -> (weakref w13_global, weakref w2_global, versions, w13 rows, w2 rows)
-_ROW_GLOBALS: dict[int, tuple] = {}
-
-
-def _expand_row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
-                        hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    w13_rows = w13_global.float().repeat_interleave(inter, dim=1)
-    w2_rows = w2_global.float().unsqueeze(1).expand(-1, hidden_size).contiguous()
-    return w13_rows, w2_rows
-
-
-def _row_globals(w13_global: torch.Tensor, w2_global: torch.Tensor, inter: int,
-                 hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row global scales as the GEMM takes them: ``[E, 2I]`` (gate rows get
-    ``w13_global[e, 0]``, up rows ``w13_global[e, 1]``) and ``[E, H]``.
-
-    Expanding costs two launches and ~10 µs per call on H200 (V4-Flash, 8 MB written; measured
-    by ``bench_moe.py --sweep``: 10.6 µs of a 93 µs T = 1 call), so the result is cached per
-    layer, keyed on the identity and version counter of both scale tensors (an in-place update
-    bumps the version and recomputes; a freed tensor drops its entry; inference-mode tensors
-    have no version counter and are expanded on every call). The cache is filled only
-    outside CUDA-graph capture: under capture a miss is computed inside the graph, so a replay
-    never reads values that were not written.
-    """
-    v13, v2 = tensor_version(w13_global), tensor_version(w2_global)
-    if v13 is None or v2 is None:  # inference tensors: no version counter, so never cache
-        return _expand_row_globals(w13_global, w2_global, inter, hidden_size)
-    key = id(w13_global)
-    hit = _ROW_GLOBALS.get(key)
-    versions = (v13, v2, inter, hidden_size)
-    if hit is not None:
-        ref13, ref2, cached_versions, w13_rows, w2_rows = hit
-        if ref13() is w13_global and ref2() is w2_global and cached_versions == versions:
-            return w13_rows, w2_rows
-    w13_rows, w2_rows = _expand_row_globals(w13_global, w2_global, inter, hidden_size)
-    if not (w13_global.is_cuda and torch.cuda.is_current_stream_capturing()):
-        ref13 = weakref.ref(w13_global, lambda _: _ROW_GLOBALS.pop(key, None))
-        _ROW_GLOBALS[key] = (ref13, weakref.ref(w2_global), versions, w13_rows, w2_rows)
-    return w13_rows, w2_rows
-
-
 def moe_forward(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -146,7 +106,9 @@ def moe_forward(
     """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
 
     ``gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit, row_scale,
-    bias, block_m)`` follows the contract of ``grouped_w4a16_gemm``. Arguments as for
+    bias, block_m)`` follows the contract of ``grouped_w4a16_gemm``; its ``w_global`` is the
+    fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
+    (GEMM 2), with stride 0 along the rows. Arguments as for
     :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
     ``kperm``: the gather and GEMM 1 write k-permuted activations and both GEMMs read them
     (``gemm`` then gets ``kperm=True``; :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`).
@@ -163,7 +125,10 @@ def moe_forward(
     a, row_scale = gather_rows(hidden, topk_weights, routing, kperm)
     extra = {"kperm": True} if kperm else {}
     num_rows = a.shape[0]
-    w13_rows, w2_rows = _row_globals(w13_global, w2_global, inter, hidden_size)
+    # views of the op's scales, no expansion kernel and no derived state to keep in sync
+    # (the kernels take stride-0 fp32 views; gemm_interface)
+    w13_rows = gate_up_global_view(w13_global, inter)
+    w2_rows = per_group_global_view(w2_global, hidden_size)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     gemm(a, routing.tile_expert, w13, w13_scale, w13_rows, act, epilogue="swiglu",
          swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m, **extra)

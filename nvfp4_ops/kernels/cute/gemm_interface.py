@@ -3,10 +3,18 @@ compiling a kernel from fake tensors of the common call interface.
 
 The interface (``w4a16_gemm``, ``w4a16_stream`` and ``w4a16_wgmma`` all take it, in this order):
 ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``,
-``w_global`` fp32 ``[G, N]``, ``out`` bf16 ``[P, N_out]``, ``tile_expert`` int32
-``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit``
-fp32, stream. ``P`` and ``G`` are symbolic: one binary serves every token count and expert
-count. See ``w4a16_gemm``'s module docstring for the meaning of each argument.
+``w_global`` fp32 ``[G, H2, N / H2]`` (any strides, see below), ``out`` bf16 ``[P, N_out]``,
+``tile_expert`` int32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``,
+``swiglu_limit`` fp32, stream. ``P`` and ``G`` are symbolic: one binary serves every token count
+and expert count. See ``w4a16_gemm``'s module docstring for the meaning of each argument.
+
+Global scales (:func:`row_global` reads them): ``w_global[g, h, r]`` is the fp32 global scale
+of weight row ``h * N/H2 + r`` of group ``g``. ``H2 = 2`` for the ``swiglu`` epilogue
+(``[g, 0, r]`` = gate row ``r``, ``[g, 1, r]`` = up row ``r + N/2``), ``H2 = 1`` otherwise. All
+three strides are runtime arguments and may be 0, so the torch side passes a per-tensor scalar,
+a gate/up pair per expert or a per-row ``[G, N]`` table as a view, never a per-call expansion
+(``per_group_global_view``, ``gate_up_global_view``, ``per_row_global_view`` in
+:mod:`nvfp4_ops.kernels.linear_cuda`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 __all__ = ["EPILOGUES", "DirectLaunch", "GemmProblem", "clamped_swiglu", "compile_from_fakes",
-           "epilogue_value"]
+           "epilogue_value", "global_halves", "row_global"]
 
 EPILOGUES = ("none", "swiglu", "row_scale")
 
@@ -65,6 +73,26 @@ class GemmProblem:
                 f"_bm{self.block_m}")
 
 
+def global_halves(epilogue: str) -> int:
+    """``H2`` of the ``w_global`` argument ``[G, H2, N / H2]``: 2 for ``swiglu`` (gate / up
+    halves), else 1."""
+    return 2 if epilogue == "swiglu" else 1
+
+
+def row_global(cfg, w_global, expert, feature, up: bool = False):
+    """The fp32 global scale of one weight row of group ``expert``: row ``feature`` (``up``
+    False), or for ``swiglu`` the up row ``feature + N/2`` of output feature ``feature``
+    (``up`` True; ``feature`` is then also the gate row). ``up`` is static.
+
+    Plain Python: inlined while a kernel is traced (an indexed load, ``w_global``'s strides are
+    runtime values that may be 0).
+    """
+    if const_expr(up):
+        assert cfg.epilogue == "swiglu", "up rows exist only for the swiglu epilogue"
+        return w_global[expert, 1, feature]
+    return w_global[expert, 0, feature]
+
+
 def clamped_swiglu(gate, up, limit):
     """``silu(min(gate, L)) * clamp(up, -L, L)`` on fp32 values (``L = inf``: no clamp).
 
@@ -86,10 +114,10 @@ def epilogue_value(cfg, acc, i, i_up, unscale, w_global, expert, row, token, row
     fragments, ``w4a16_gemm`` and ``w4a16_stream``).
     """
     v = acc[i] * unscale
-    v = v * w_global[expert, row]
+    v = v * row_global(cfg, w_global, expert, row)
     if const_expr(cfg.epilogue == "swiglu"):
         up = acc[i_up] * unscale
-        up = up * w_global[expert, row + cfg.n // 2]
+        up = up * row_global(cfg, w_global, expert, row, up=True)
         v = clamped_swiglu(v, up, swiglu_limit)
     if const_expr(cfg.epilogue == "row_scale"):
         v = v * row_scale[token]
@@ -143,13 +171,15 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     """Compile ``kernel`` (a family's kernel object for ``cfg``) for the common interface
     from fake tensors (no GPU needed); returns the tvm-ffi callable.
 
-    ``cfg`` provides ``n``, ``k``, ``n_out`` and ``arch``. ``a`` and ``w`` are assumed 16-byte
-    aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees 16). Call the
+    ``cfg`` provides ``n``, ``k``, ``epilogue``, ``n_out`` and ``arch``. ``a`` and ``w`` are
+    assumed 16-byte aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees
+    16); ``w_global`` is ``[G, H2, N / H2]`` with three runtime strides (any, 0 included; see
+    the module docstring), every other tensor compact row-major. Call the
     result as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
     with torch tensors; it launches on torch's current stream. Each family's
     ``compile_gemm(cfg, extra_options="")`` is this with its own kernel class.
     """
-    from cutlass.cute.runtime import make_fake_compact_tensor
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
     sym = cute.sym_int
@@ -163,7 +193,10 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     w_scale = make_fake_compact_tensor(
         cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=scale_align
     )
-    w_global = make_fake_compact_tensor(Float32, (sym(), n), stride_order=row_major2)
+    halves = global_halves(cfg.epilogue)
+    # dynamic strides: tvm-ffi then takes stride-0 (expanded) views exactly (H200 probe,
+    # benchmarks/dev_balance.py, 2026-12-01), so no caller expands a scalar per call
+    w_global = make_fake_tensor(Float32, (sym(), halves, n // halves), (sym(), sym(), sym()))
     out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
     tile_expert = make_fake_compact_tensor(Int32, (sym(),))
     row_scale = make_fake_compact_tensor(Float32, (sym(),))

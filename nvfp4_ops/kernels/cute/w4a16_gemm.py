@@ -1,6 +1,6 @@
 """Exact W4A16 NVFP4 grouped GEMM for Hopper (sm_90a), written in CuTeDSL.
 
-``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * w_global[g, n])``
+``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * global[g, n])``
 for every token row ``p`` of an m-tile whose group (expert) is ``g``.
 
 Interface (the contract shared with the MoE helper; the torch-side entry point is
@@ -13,7 +13,10 @@ kernel and its compile-time configuration):
   (rows of a skipped tile are never written). Linear / MLP pass a one-element dummy and compile
   with ``grouped=False`` (every tile is group 0).
 * ``w`` uint8 ``[G, N, K/2]`` (checkpoint layout, low nibble = even k), ``w_scale`` e4m3 viewed
-  as uint8 ``[G, N, K/16]`` (row-major, as in checkpoints), ``w_global`` fp32 ``[G, N]``.
+  as uint8 ``[G, N, K/16]`` (row-major, as in checkpoints), ``w_global`` fp32 ``[G, H2, N/H2]``
+  with any strides (0 allowed): ``global[g, n] = w_global[g, n // (N/H2), n % (N/H2)]``,
+  ``H2 = 2`` for ``swiglu`` (gate half, up half), else 1 (see
+  :mod:`nvfp4_ops.kernels.cute.gemm_interface`).
 * ``out`` bf16 ``[P, N_out]``; ``N_out = N/2`` for ``swiglu`` (gate rows ``[0, N/2)``, up rows
   ``[N/2, N)``), else ``N``.
 * ``row_scale`` fp32 ``[P]`` (``row_scale`` epilogue), ``bias`` bf16 ``[N]`` (``none``

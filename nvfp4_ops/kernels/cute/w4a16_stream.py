@@ -3,11 +3,12 @@ shared memory by the bulk-copy (TMA) engine through an mbarrier pipeline. CuTeDS
 
 Same contract and math as :mod:`nvfp4_ops.kernels.cute.w4a16_gemm` (read its module docstring
 for the interface): ``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n,
-k//16] * w_global[g, n])`` for every token row ``p`` of an m-tile whose group is ``g =
+k//16] * global[g, n])`` for every token row ``p`` of an m-tile whose group is ``g =
 tile_expert[tile]`` (``-1`` = skip, rows never written), epilogues ``none`` (+ bias),
 ``swiglu`` (gate rows ``[0, N/2)``, up rows ``[N/2, N)``, each with its own global) and
 ``row_scale``. Arguments, in order: ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``,
-``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``, ``w_global`` fp32 ``[G, N]``, ``out`` bf16
+``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``, ``w_global`` fp32 ``[G, H2, N/H2]`` (any
+strides; ``global[g, n]`` its row ``n``, as in ``w4a16_gemm``), ``out`` bf16
 ``[P, N_out]``, ``tile_expert`` i32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``,
 ``bias`` bf16 ``[N]`` (one-element dummies when unused), ``swiglu_limit`` fp32, stream.
 ``P`` is symbolic; the grid is ``(N_out / rows_out_per_cta, ceil(P / block_m))``, or with

@@ -2,9 +2,11 @@
 
 Same contract and math as :mod:`nvfp4_ops.kernels.cute.w4a16_gemm` (read its docstring): for
 every token row ``p`` of a token tile whose group (expert) is ``g``,
-``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * w_global[g, n])``
+``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * global[g, n])``
 with the arguments ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes)
-``[G, N, K/16]``, ``w_global`` f32 ``[G, N]``, ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
+``[G, N, K/16]``, ``w_global`` f32 ``[G, H2, N/H2]`` (any strides; ``global[g, n]`` =
+``w_global[g, n // (N/H2), n % (N/H2)]``, ``H2`` = 2 for ``swiglu`` else 1:
+:mod:`nvfp4_ops.kernels.cute.gemm_interface`), ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
 ``[ceil(P / block_m)]`` (-1 = skip the tile; a dummy when not grouped), ``row_scale`` f32
 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
 This kernel is for prefill / mid batches (dense ``block_m`` 64-256 tokens per tile, grouped
@@ -104,6 +106,7 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     GemmProblem,
     clamped_swiglu,
     compile_from_fakes,
+    row_global,
 )
 
 __all__ = [
@@ -758,8 +761,12 @@ class W4A16WgmmaGemm:
         """Accumulator element ``i = v0 + 2 v1 + 4 j``: A row g + 8 v1, token 8j + 2c + v0."""
         cfg = self.cfg
         # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
-        g_lo = w_global[expert, row_lo] * Float32(128.0)
-        g_hi = w_global[expert, row_hi] * Float32(128.0)
+        g_lo = row_global(cfg, w_global, expert, row_lo) * Float32(128.0)
+        if const_expr(cfg.epilogue == "swiglu"):
+            # row_lo is output feature f's gate row, row_hi = f + N/2 its up row
+            g_hi = row_global(cfg, w_global, expert, row_lo, up=True) * Float32(128.0)
+        else:
+            g_hi = row_global(cfg, w_global, expert, row_hi) * Float32(128.0)
         b_lo = Float32(0.0)
         b_hi = Float32(0.0)
         if const_expr(cfg.has_bias):
