@@ -299,10 +299,12 @@ def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch
             hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm), kp),
         "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
                                      epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
-                                     row_scale=None, bias=None, block_m=bm, **kw),
+                                     row_scale=None, bias=None, block_m=bm,
+                                     tile_rows=routing.tile_rows, **kw),
         "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
                                         epilogue="row_scale", swiglu_limit=None,
-                                        row_scale=row_scale, bias=None, block_m=bm, **kw),
+                                        row_scale=row_scale, bias=None, block_m=bm,
+                                        tile_rows=routing.tile_rows, **kw),
         "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
     }
     stage_us = {name: time_graph(fn, reps, 2, flush) for name, fn in stages.items()}

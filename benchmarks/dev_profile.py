@@ -33,21 +33,23 @@ def main() -> None:
     if kind == "grouped":
         bm = choose_block_m(m * 6, groups)
         ids, _ = random_routing(m, groups, 6, device="cuda")
-        te = moe_routing(ids, groups, 0, bm).tile_expert
+        routing = moe_routing(ids, groups, 0, bm)
+        te, tile_rows = routing.tile_expert, routing.tile_rows
         rows = te.numel() * bm
     else:
-        bm, te, rows = linear_cuda.block_m_for_tokens(m), None, m
+        bm, te, tile_rows, rows = linear_cuda.block_m_for_tokens(m), None, None, m
     a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(rows, n_out, dtype=torch.bfloat16, device="cuda")
     rs = torch.rand(rows, device="cuda") if epi == "row_scale" else None
     # the MoE's layout choice (random activations: their k order does not matter here)
     kperm = kind == "grouped" and linear_cuda.grouped_kperm(k, n_out, bm)
-    m_tiles = None if kind == "grouped" else min(-(-rows // bm), 16)
+    m_tiles = min(-(-rows // bm), linear_cuda._m_tiles_cap(kind == "grouped"))
     print(linear_cuda.choose_config(n, k, bm, epi, False, kind == "grouped", m_tiles,
                                     kperm).name, flush=True)
     for _ in range(4):
         linear_cuda.grouped_w4a16_gemm(a, te, w, s, g, out, epilogue=epi, swiglu_limit=10.0,
-                                       row_scale=rs, block_m=bm, kperm=kperm)
+                                       row_scale=rs, block_m=bm, kperm=kperm,
+                                       tile_rows=tile_rows)
     torch.cuda.synchronize()
 
 

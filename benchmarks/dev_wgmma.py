@@ -96,6 +96,7 @@ def call(cfg, a, w, w_scale, w_global, out, tile_expert=None, row_scale=None, bi
     call.d = (d_te, d_rs, d_b)
     compiled(cfg)(a, w, w_scale.view(torch.uint8), w_global, out,
                   d_te if tile_expert is None else tile_expert,
+                  d_te,  # tile_rows: the WGMMA family does not read it
                   d_rs if row_scale is None else row_scale,
                   d_b if bias is None else bias, limit)
 

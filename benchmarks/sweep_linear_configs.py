@@ -67,7 +67,7 @@ def main() -> None:
                 def make(i, fn=fn, x=x, out=out, te=te, rs=rs, bias=bias, ws=ws):
                     w, s, g = ws[i]
                     # the binary takes w_global [G, H2, N/H2] (H2 = 1 here): a view
-                    return lambda: fn(x, w, s, g.unsqueeze(1), out, te, rs, bias, 0.0)
+                    return lambda: fn(x, w, s, g.unsqueeze(1), out, te, te, rs, bias, 0.0)
 
                 make(0)()
                 err = ((out.float() - ref).norm() / ref.norm()).item()

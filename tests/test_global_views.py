@@ -121,7 +121,7 @@ def recorded(monkeypatch):
     calls = []
 
     def fake_compiled_gemm(cfg):
-        def fn(a, w, w_scale, w_global, out, tile_expert, row_scale, bias, limit):
+        def fn(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, limit):
             calls.append((cfg, w_global))
             out.zero_()
 

@@ -186,6 +186,53 @@ def test_grouped_gemm_stride0_global_views(bm, kperm):
                                epilogue, bm, kperm)
 
 
+@pytest.mark.parametrize("bm", [8, 16, 128])
+def test_grouped_gemm_tile_rows_padding(bm):
+    """``tile_rows``: NaN in the padding rows of the input (rows past each tile's real count)
+    must not reach a real row's output, and the streamed 8-token tile computes padding rows
+    from the tile's last real row (its activation loads are pointed there)."""
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+    from nvfp4_ops.reference.mlp import clamped_swiglu
+
+    gen = torch.Generator(device="cuda").manual_seed(31 + bm)
+    groups, n, k = 3, 512, 1024
+    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
+    w = torch.stack([t[0] for t in ws])
+    w_scale = torch.stack([t[1] for t in ws])
+    w_global = torch.stack([t[2] for t in ws])
+    tile_expert = torch.tensor([1, 0, -1, 2, 2, 0], dtype=torch.int32, device="cuda")
+    real = [1, bm, 0, bm - 1, 3, 2]
+    tile_rows = torch.tensor(real, dtype=torch.int32, device="cuda")
+    rows = tile_expert.numel() * bm
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    for t, r in enumerate(real):
+        a[t * bm + r:(t + 1) * bm] = float("nan")
+    row_scale = torch.rand(rows, device="cuda", generator=gen)
+    for epilogue in ("row_scale", "swiglu"):
+        n_out = n // 2 if epilogue == "swiglu" else n
+        out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
+                           swiglu_limit=7.0, row_scale=row_scale, block_m=bm,
+                           tile_rows=tile_rows)
+        for t, e in enumerate(tile_expert.tolist()):
+            sl = slice(t * bm, t * bm + real[t])
+            if e < 0:
+                assert torch.isnan(out[t * bm:(t + 1) * bm]).all()
+                continue
+            ref = linear_fp32(a[sl], w[e], w_scale[e], w_global[e])
+            if epilogue == "row_scale":
+                ref = ref * row_scale[sl, None]
+                check_close(out[sl], ref, f"tile_rows {epilogue} tile {t}")
+            else:
+                ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
+                err = (out[sl].float() - ref).norm() / ref.norm()
+                assert not torch.isnan(out[sl]).any() and err < 4e-3, f"tile {t}: {err}"
+            if bm == 8 and epilogue == "swiglu" and real[t] < bm:
+                last = out[t * bm + real[t] - 1]
+                pad = out[t * bm + real[t]:(t + 1) * bm]
+                assert torch.equal(pad, last.expand_as(pad)), f"tile {t}: padding rows"
+
+
 @pytest.mark.parametrize("shape", ["v4-flash", "v4-pro"])
 def test_mlp_vs_reference(shape):
     s = nvfp4_ops.get_shape(shape)

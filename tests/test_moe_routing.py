@@ -65,10 +65,14 @@ def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing
     assert routing.expert_offsets.cpu().tolist() == offsets
     assert len(tile_expert) == num_rows // block_m
     want_tiles = [-1] * (num_rows // block_m)
+    want_rows = [0] * (num_rows // block_m)
     for e in range(num_experts):
         for r in range(offsets[e], offsets[e + 1], block_m):
             want_tiles[r // block_m] = e
+            want_rows[r // block_m] = min(block_m, len(per_expert[e]) - (r - offsets[e]))
     assert tile_expert == want_tiles
+    assert routing.tile_rows.dtype == torch.int32
+    assert routing.tile_rows.cpu().tolist() == want_rows
     for e, slots in enumerate(per_expert):
         segment = sorted_slots[offsets[e]:offsets[e + 1]]
         real = segment[:len(slots)]
@@ -237,14 +241,26 @@ def test_combine_fixed_order_and_non_local(kernels, num_tokens):
 
 
 def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
-                       row_scale, bias, block_m, kperm=False):
+                       row_scale, bias, block_m, kperm=False, tile_rows=None):
     """The grouped-GEMM contract in torch: only tiles with an expert are computed/written
     (``kperm``: ``a`` is k-permuted and a SwiGLU output is written k-permuted). ``w_global`` is
     the kernels' ``[G, H2, N / H2]`` (any strides; ``H2 = 2`` for ``swiglu``), read here as
-    per-row globals ``[N]`` of each expert (gate half, then up half)."""
+    per-row globals ``[N]`` of each expert (gate half, then up half). With ``tile_rows`` the
+    contract lets padding rows hold anything: they are written NaN here, so a caller that read
+    them would fail."""
     from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k
     from nvfp4_ops.reference.linear import linear_fp32
     from nvfp4_ops.reference.mlp import clamped_swiglu
+
+    if tile_rows is not None:
+        torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
+                           swiglu_limit=swiglu_limit, row_scale=row_scale, bias=bias,
+                           block_m=block_m, kperm=kperm)
+        row_in_tile = torch.arange(out.shape[0], device=out.device) % block_m
+        real = tile_rows.repeat_interleave(block_m)[: out.shape[0]]
+        used = (tile_expert >= 0).repeat_interleave(block_m)[: out.shape[0]]
+        out[used & (row_in_tile >= real)] = float("nan")
+        return
 
     if kperm:  # back to the natural k order, then the plain contract, then permute the output
         inv = torch.tensor([dst(k) for k in range(KPERM_BLOCK)])

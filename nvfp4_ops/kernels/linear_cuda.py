@@ -257,6 +257,7 @@ def grouped_w4a16_gemm(
     bias: torch.Tensor | None = None,
     block_m: int = 16,
     kperm: bool = False,
+    tile_rows: torch.Tensor | None = None,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
 
@@ -278,6 +279,10 @@ def grouped_w4a16_gemm(
         block_m: token tile (one of :data:`BLOCK_MS`); static.
         kperm: ``a`` is k-permuted (:mod:`nvfp4_ops.kernels.kperm`) and a ``swiglu`` output is
             written k-permuted; grouped WGMMA problems only (:func:`grouped_kperm`).
+        tile_rows: int32 ``[ceil(P / block_m)]`` (grouped only): real rows at the start of each
+            m-tile, the rest being padding whose outputs may be any function of the tile's
+            rows (the streamed kernel copies the last real row's; see ``w4a16_gemm``'s module
+            docstring). None = every row is real.
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -308,17 +313,23 @@ def grouped_w4a16_gemm(
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%128)")
     if epilogue == "row_scale" and (row_scale is None or row_scale.shape[0] < num_rows):
         raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
+    if tile_rows is not None and (tile_expert is None or tile_rows.dtype != torch.int32
+                                  or tile_rows.shape != tile_expert.shape):
+        raise ValueError("tile_rows must be int32 shaped like tile_expert (grouped calls only)")
     if num_rows == 0:
         return
     m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
                         m_tiles, kperm)
-    _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias)
+    _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
+            tile_rows)
 
 
-def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias):
+def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
+            tile_rows=None):
     """Run the binary of ``cfg`` (arguments as :func:`grouped_w4a16_gemm`, already checked;
-    ``w_global`` ``[G, N]`` or ``[G, H2, N / H2]``, passed on as a view whatever its strides)."""
+    ``w_global`` ``[G, N]`` or ``[G, H2, N / H2]``, passed on as a view whatever its strides;
+    a grouped call without ``tile_rows`` gets ``block_m`` real rows in every tile)."""
     fn = compiled_gemm(cfg)
     dev = a.device
     if w_scale.dtype != torch.uint8:
@@ -332,10 +343,19 @@ def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_sc
         w_global,
         out,
         tile_expert.contiguous() if tile_expert is not None else _dummy(torch.int32, dev),
+        _tile_rows(tile_rows, tile_expert, cfg.block_m, dev),
         row_scale.float().contiguous() if row_scale is not None else _dummy(torch.float32, dev),
         bias.contiguous() if bias is not None else _dummy(torch.bfloat16, dev),
         float("inf") if swiglu_limit is None else float(swiglu_limit),
     )
+
+
+def _tile_rows(tile_rows, tile_expert, block_m, dev):
+    if tile_rows is not None:
+        return tile_rows.contiguous()
+    if tile_expert is None:
+        return _dummy(torch.int32, dev)
+    return torch.full_like(tile_expert, block_m)
 
 
 def linear(x, weight, weight_scale, global_scale, bias):

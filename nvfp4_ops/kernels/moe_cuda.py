@@ -106,7 +106,9 @@ def moe_forward(
     """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
 
     ``gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit, row_scale,
-    bias, block_m)`` follows the contract of ``grouped_w4a16_gemm``; its ``w_global`` is the
+    bias, block_m, tile_rows)`` follows the contract of ``grouped_w4a16_gemm`` (``tile_rows``:
+    the routing's real rows per tile; the padding rows' outputs are never read, so the GEMM may
+    compute them from any row of the tile); its ``w_global`` is the
     fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
     (GEMM 2), with stride 0 along the rows. Arguments as for
     :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
@@ -131,10 +133,12 @@ def moe_forward(
     w2_rows = per_group_global_view(w2_global, hidden_size)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     gemm(a, routing.tile_expert, w13, w13_scale, w13_rows, act, epilogue="swiglu",
-         swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m, **extra)
+         swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m,
+         tile_rows=routing.tile_rows, **extra)
     expert_out = torch.empty(num_rows, hidden_size, dtype=torch.bfloat16, device=hidden.device)
     gemm(act, routing.tile_expert, w2, w2_scale, w2_rows, expert_out, epilogue="row_scale",
-         swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m, **extra)
+         swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m,
+         tile_rows=routing.tile_rows, **extra)
     return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale)
 
 

@@ -4,9 +4,10 @@ compiling a kernel from fake tensors of the common call interface.
 The interface (``w4a16_gemm``, ``w4a16_stream`` and ``w4a16_wgmma`` all take it, in this order):
 ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``,
 ``w_global`` fp32 ``[G, H2, N / H2]`` (any strides, see below), ``out`` bf16 ``[P, N_out]``,
-``tile_expert`` int32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``,
-``swiglu_limit`` fp32, stream. ``P`` and ``G`` are symbolic: one binary serves every token count
-and expert count. See ``w4a16_gemm``'s module docstring for the meaning of each argument.
+``tile_expert`` int32 ``[ceil(P / block_m)]``, ``tile_rows`` int32 ``[ceil(P / block_m)]``,
+``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` fp32, stream. ``P`` and ``G``
+are symbolic: one binary serves every token count and expert count. See ``w4a16_gemm``'s module
+docstring for the meaning of each argument.
 
 Global scales (:func:`row_global` reads them): ``w_global[g, h, r]`` is the fp32 global scale
 of weight row ``h * N/H2 + r`` of group ``g``. ``H2 = 2`` for the ``swiglu`` epilogue
@@ -148,6 +149,7 @@ class DirectLaunch:
         w_global: cute.Tensor,
         out: cute.Tensor,
         tile_expert: cute.Tensor,
+        tile_rows: cute.Tensor,
         row_scale: cute.Tensor,
         bias: cute.Tensor,
         swiglu_limit: Float32,
@@ -157,7 +159,7 @@ class DirectLaunch:
         num_rows = a.shape[0]
         grid_n = cfg.n_out // self.features_per_cta
         grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
-        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, row_scale, bias,
+        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
                              swiglu_limit)
         kernel.launch(
             grid=self.grid(grid_n, grid_m),
@@ -175,7 +177,8 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     assumed 16-byte aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees
     16); ``w_global`` is ``[G, H2, N / H2]`` with three runtime strides (any, 0 included; see
     the module docstring), every other tensor compact row-major. Call the
-    result as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, row_scale, bias, limit)``
+    result as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, tile_rows, row_scale, bias,
+    limit)``
     with torch tensors; it launches on torch's current stream. Each family's
     ``compile_gemm(cfg, extra_options="")`` is this with its own kernel class.
     """
@@ -199,11 +202,12 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     w_global = make_fake_tensor(Float32, (sym(), halves, n // halves), (sym(), sym(), sym()))
     out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
     tile_expert = make_fake_compact_tensor(Int32, (sym(),))
+    tile_rows = make_fake_compact_tensor(Int32, (sym(),))
     row_scale = make_fake_compact_tensor(Float32, (sym(),))
     bias = make_fake_compact_tensor(BFloat16, (sym(),))
     return cute.compile(
         kernel,
-        a, w, w_scale, w_global, out, tile_expert, row_scale, bias, Float32(0.0),
+        a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, Float32(0.0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
         options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
     )

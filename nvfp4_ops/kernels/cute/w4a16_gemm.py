@@ -12,6 +12,12 @@ kernel and its compile-time configuration):
 * ``tile_expert``: int32 ``[ceil(P / block_m)]``: local expert of each m-tile, ``-1`` = skip
   (rows of a skipped tile are never written). Linear / MLP pass a one-element dummy and compile
   with ``grouped=False`` (every tile is group 0).
+* ``tile_rows``: int32 ``[ceil(P / block_m)]``: grouped only, how many leading rows of each
+  m-tile hold real tokens (the MoE routing's padding fills the rest; at least 1 in a tile that
+  is not skipped). The rows past it are padding whose outputs nobody reads, so a kernel may
+  compute them from any input row: the streamed kernel (``w4a16_stream``) points their
+  activation loads at the last real row, which saves L1 traffic when tiles are mostly padding
+  (decode). The other families ignore it. A one-element dummy for linear / MLP.
 * ``w`` uint8 ``[G, N, K/2]`` (checkpoint layout, low nibble = even k), ``w_scale`` e4m3 viewed
   as uint8 ``[G, N, K/16]`` (row-major, as in checkpoints), ``w_global`` fp32 ``[G, H2, N/H2]``
   with any strides (0 allowed): ``global[g, n] = w_global[g, n // (N/H2), n % (N/H2)]``,
@@ -224,6 +230,7 @@ class W4A16GroupedGemm(DirectLaunch):
         w_global: cute.Tensor,
         out: cute.Tensor,
         tile_expert: cute.Tensor,
+        tile_rows: cute.Tensor,  # unused (see the module docstring)
         row_scale: cute.Tensor,
         bias: cute.Tensor,
         swiglu_limit: Float32,

@@ -71,6 +71,15 @@ pairs ``2s`` and ``2s + 1`` as its logical k ``{2c, 2c+1}`` and ``{2c+8, 2c+9}``
 Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
 with the token clamped to ``P - 1`` so no row past ``P`` is read.
 
+Padding rows (grouped): ``tile_rows[tile]`` says how many leading rows of the tile are real
+tokens; the lanes of the other rows load the activations of the last real row instead of the
+padding zeros. Their outputs (padding rows, never read downstream) are then copies of that
+row's, and the warp's activation load touches fewer distinct addresses: at MoE decode most of
+an 8-row tile is padding (V4-Flash T = 8: ~1.1 real rows per tile). Measured before building it
+with a diagnostic that pinned those lanes to row 0 or 1 (benchmarks/results/
+h200_2026-12-01_s4/xrows_padding_rows.log): gate/up T = 8 175 -> 159 us, T = 128 1004 -> 902;
+down T = 128 537 -> 491-516.
+
 Measured (H200, CUDA-graph replay, cold L2, :func:`choose_config`; stream_dev_h200.txt run 3):
 dense M=1 (7168, 18432) 34.9 us = 2.13 TB/s (w4a16_gemm 36.1, bf16 68.6), (18432, 7168)
 32.2 us = 2.31 TB/s (37.6, 70.4); MoE V4-Flash T=1 gate/up 31.2 us (34.8), down 17.0 us
@@ -427,6 +436,7 @@ class W4A16StreamGemm(DirectLaunch):
         w_global: cute.Tensor,
         out: cute.Tensor,
         tile_expert: cute.Tensor,
+        tile_rows: cute.Tensor,
         row_scale: cute.Tensor,
         bias: cute.Tensor,
         swiglu_limit: Float32,
@@ -445,11 +455,14 @@ class W4A16StreamGemm(DirectLaunch):
 
         if const_expr(cfg.ctas == 0):
             expert = Int32(0)
+            real = Int32(cfg.block_m)
             if const_expr(cfg.grouped):
                 expert = tile_expert[bidy]
             if expert >= 0:
+                if const_expr(cfg.grouped):
+                    real = tile_rows[bidy]
                 self.init_barriers(tidx, sbase)
-                self.item(io, tidx, sbase, bidx, bidy, expert, 0)
+                self.item(io, tidx, sbase, bidx, bidy, expert, real, 0)
                 self.finish(tidx, sbase)
         else:
             # persistent: work item i = (feature tile i % n_tiles, token tile i // n_tiles);
@@ -462,10 +475,13 @@ class W4A16StreamGemm(DirectLaunch):
             for i in cutlass.range(bidx, n_items, gdim, unroll=1):
                 ty = i // n_tiles
                 expert = Int32(0)
+                real = Int32(cfg.block_m)
                 if const_expr(cfg.grouped):
                     expert = tile_expert[ty]
                 if expert >= 0:
-                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, done)
+                    if const_expr(cfg.grouped):
+                        real = tile_rows[ty]
+                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, real, done)
                     done = done + self.chunks
             self.finish(tidx, sbase)
 
@@ -489,9 +505,10 @@ class W4A16StreamGemm(DirectLaunch):
                     _mbar_inval(sbase + 64 + 8 * s)
 
     @cute.jit
-    def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
-        """One work item: feature tile ``tile_n`` x token tile ``tile_m`` of group ``expert``;
-        its K chunks are pipeline chunks ``done .. done + chunks - 1`` of this CTA."""
+    def item(self, io, tidx, sbase, tile_n, tile_m, expert, real, done):
+        """One work item: feature tile ``tile_n`` x token tile ``tile_m`` of group ``expert``
+        whose first ``real`` rows are real tokens (module docstring, "Padding rows"); its K
+        chunks are pipeline chunks ``done .. done + chunks - 1`` of this CTA."""
         cfg = self.cfg
         a, w, w_scale, w_global, out, row_scale, bias, swiglu_limit, red, acc = io
         warp = tidx // 32
@@ -504,7 +521,7 @@ class W4A16StreamGemm(DirectLaunch):
             self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
             acc.fill(0.0)
-            self.consumer(acc, a, expert, m0, warp, lane, num_rows, sbase, stage0, done)
+            self.consumer(acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done)
             # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in
             # order (named barrier: the producer warp does not wait, it streams the next item)
             if const_expr(cfg.warps_k > 1):
@@ -567,7 +584,7 @@ class W4A16StreamGemm(DirectLaunch):
                               full)
 
     @cute.jit
-    def consumer(self, acc, a, expert, m0, warp, lane, num_rows, sbase, stage0, done):
+    def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
         cfg = self.cfg
         k_static = cfg.k
         grp = lane // 4
@@ -585,7 +602,9 @@ class W4A16StreamGemm(DirectLaunch):
         a_base = a.iterator.toint()
         a_row_addr = []
         for t in cutlass.range_constexpr(self.num_tiles):
-            token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
+            # padding rows read the tile's last real row: same addresses, one L1 wavefront
+            token = cutlass.min(m0 + cutlass.min(t * 8 + grp, cutlass.max(real - 1, 0)),
+                                num_rows - 1)
             a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
                               + Int64(quad * 64 + warp * 256))
         for c in cutlass.range(self.chunks, unroll=1):

@@ -402,6 +402,7 @@ class W4A16WgmmaGemm:
         w_global: cute.Tensor,
         out: cute.Tensor,
         tile_expert: cute.Tensor,
+        tile_rows: cute.Tensor,  # unused (w4a16_gemm's module docstring)
         row_scale: cute.Tensor,
         bias: cute.Tensor,
         swiglu_limit: Float32,

@@ -11,6 +11,8 @@ token count up to a multiple of ``block_m`` (nothing is ever dropped, there is n
   rows and for rows past the last segment.
 * ``tile_expert int32 [P / block_m]``: local expert of each ``block_m``-row tile, -1 for the
   tiles past the last segment (the GEMMs skip them).
+* ``tile_rows int32 [P / block_m]``: how many leading rows of each tile hold slots (1 to
+  ``block_m`` in a tile of an expert, 0 past the last segment); the rest are padding.
 * ``slot_row int32 [N]``: the inverse map, padded row of each slot, -1 for slots whose expert
   is not local (ids outside ``[expert_start, expert_start + E)``; another EP rank owns them).
 
@@ -27,7 +29,7 @@ value on the host:
 1. ``counts`` (zeroed by the caller) += 1 per local slot (int32 atomics: the totals are
    exact and deterministic).
 2. one program: padded sizes, exclusive scan -> ``expert_offsets``, per-expert write cursors,
-   ``tile_expert``; fills ``sorted_slots`` with the sentinel.
+   ``tile_expert``, ``tile_rows``; fills ``sorted_slots`` with the sentinel.
 3. each local slot takes the next row of its expert's segment with an int32 atomic on the
    cursor. The order of slots *inside* a segment therefore depends on scheduling, but
    every GEMM row is computed from its own input row only, and the combine reads each slot's
@@ -83,6 +85,7 @@ class MoERouting(NamedTuple):
     tile_expert: torch.Tensor  # [P // block_m]
     slot_row: torch.Tensor  # [T * k]
     block_m: int
+    tile_rows: torch.Tensor  # [P // block_m]
 
 
 @triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
@@ -93,8 +96,8 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start, num_experts
 
 
 @triton.jit
-def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-          num_slots, num_rows, num_tiles, num_experts,
+def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
+          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
           E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
           FILL_BLOCK: tl.constexpr):
     e = tl.arange(0, E_PAD)
@@ -115,8 +118,13 @@ def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_sl
         first_row = tiles * BLOCK_M
         done = (ends[None, :] <= first_row[:, None]) & is_expert[None, :]
         owner = tl.sum(done.to(tl.int32), 1)
-        owner = tl.where(first_row < total, owner, -1)
-        tl.store(tile_expert_ptr + tiles, owner, mask=tiles < num_tiles)
+        # slots of the owner's segment from this tile's first row on, at most BLOCK_M
+        mine = (e[None, :] == owner[:, None]) & is_expert[None, :]
+        left = tl.sum(tl.where(mine, counts[None, :] + starts[None, :], 0), 1) - first_row
+        real = tl.minimum(tl.maximum(left, 0), BLOCK_M)
+        in_use = first_row < total
+        tl.store(tile_expert_ptr + tiles, tl.where(in_use, owner, -1), mask=tiles < num_tiles)
+        tl.store(tile_rows_ptr + tiles, tl.where(in_use, real, 0), mask=tiles < num_tiles)
     sentinel = tl.full([FILL_BLOCK], 0, tl.int32) + num_slots
     for r0 in range(0, num_rows, FILL_BLOCK):
         rows = r0 + tl.arange(0, FILL_BLOCK)
@@ -148,18 +156,20 @@ def _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, offs, num_s
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
-def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-                 num_slots, num_rows, num_tiles, num_experts,
+def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
+                 sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
                  E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                  SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
-    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-          num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M, SCAN_TILES, FILL_BLOCK)
+    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
+          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
+          SCAN_TILES, FILL_BLOCK)
 
 
 @triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts", "num_rows",
                                "num_tiles"])
 def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_expert_ptr,
-                          sorted_slots_ptr, slot_row_ptr, num_slots, expert_start, num_experts,
+                          tile_rows_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
+                          expert_start, num_experts,
                           num_rows, num_tiles,
                           E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
                           FILL_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
@@ -173,8 +183,9 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
         _count(topk_ids_ptr, counts_ptr, s0 + tl.arange(0, BLOCK), num_slots, expert_start,
                num_experts)
     tl.debug_barrier()
-    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, sorted_slots_ptr,
-          num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M, SCAN_TILES, FILL_BLOCK)
+    _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
+          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
+          SCAN_TILES, FILL_BLOCK)
     tl.debug_barrier()
     for s0 in range(0, num_slots, BLOCK):
         _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr,
@@ -239,29 +250,32 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     ids = topk_ids.reshape(-1)
     expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     tile_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
+    tile_rows = torch.empty(num_tiles, dtype=torch.int32, device=device)
     sorted_slots = torch.empty(num_rows, dtype=torch.int32, device=device)
     slot_row = torch.empty(num_slots, dtype=torch.int32, device=device)
     e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
     if num_slots <= FUSED_MAX_SLOTS:
         scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=device)
-        _fused_routing_kernel[(1,)](ids, scratch, expert_offsets, tile_expert, sorted_slots,
-                                    slot_row, num_slots, expert_start, num_experts, num_rows,
+        _fused_routing_kernel[(1,)](ids, scratch, expert_offsets, tile_expert, tile_rows,
+                                    sorted_slots, slot_row, num_slots, expert_start,
+                                    num_experts, num_rows,
                                     num_tiles, E_PAD=e_pad, BLOCK_M=block_m,
                                     SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK,
                                     BLOCK=_COUNT_BLOCK, num_warps=8)
-        return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m)
+        return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
+                          tile_rows)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
     _count_kernel[slot_grid](ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
-    _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, sorted_slots,
+    _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, sorted_slots,
                        num_slots, num_rows, num_tiles, num_experts,
                        E_PAD=e_pad, BLOCK_M=block_m,
                        SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK, num_warps=8)
     _place_kernel[slot_grid](ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
                              num_experts, BLOCK=_COUNT_BLOCK)
-    return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m)
+    return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m, tile_rows)
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
