@@ -13,6 +13,14 @@ Reported per (M, N, K):
   bf16 matmul rate, ../shared/REFERENCE.md section 4) using the NVFP4 byte count;
 * ``speedup`` = bf16 time / NVFP4 time.
 
+Case order (``--order``): ``m`` (default) runs every shape's smallest M first and the largest
+last; ``shape`` runs all M of one shape, then the next. It matters on an H200: the decode
+kernels are bound by the SMs' issue rate, and after the seconds of M = 8192 tensor-core work the
+SM clock is lower for a while, so in ``shape`` order the M = 1 cases of the second and later
+shapes came out ~25 % slower (benchmarks/results/h200_2026-12-01_s4: (18432, 7168) M = 1 39.9
+us after (7168, 18432) M = 8192, 31.2 us run alone; the memory-bound bf16 M = 1 baseline moved
+~3 %). Each row's NVFP4 and bf16 times are always taken back to back.
+
 Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192] [--out FILE]``
 (needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_<gpu>.json`` by default.
 """
@@ -109,22 +117,28 @@ def main() -> None:
     p.add_argument("--nks", default=",".join(f"{n}x{k}" for n, k in NKS))
     p.add_argument("--check", action="store_true")
     p.add_argument("--out", default=None)
+    p.add_argument("--order", choices=("m", "shape"), default="m",
+                   help="m: all shapes at the smallest M first; shape: one shape at a time")
     args = p.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     nks = [tuple(int(v) for v in s.split("x")) for s in args.nks.split(",")]
+    if args.order == "m":
+        cases = [(m, n, k) for m in sorted(ms) for n, k in nks]
+    else:
+        cases = [(m, n, k) for n, k in nks for m in ms]
     rows = []
-    for n, k in nks:
-        for m in ms:
-            r = bench_one(m, n, k, args.check)
-            rows.append(r)
-            print(f"M={m:5d} N={n:5d} K={k:5d}  nvfp4 {r.nvfp4_us:9.2f} us  bf16 "
-                  f"{r.bf16_us:9.2f} us  x{r.speedup:5.2f}  {r.nvfp4_tbs:5.2f} TB/s  "
-                  f"{r.nvfp4_tflops:6.1f} TF/s  roof {r.pct_roofline:5.1f}%", flush=True)
+    for m, n, k in cases:
+        r = bench_one(m, n, k, args.check)
+        rows.append(r)
+        print(f"M={m:5d} N={n:5d} K={k:5d}  nvfp4 {r.nvfp4_us:9.2f} us  bf16 "
+              f"{r.bf16_us:9.2f} us  x{r.speedup:5.2f}  {r.nvfp4_tbs:5.2f} TB/s  "
+              f"{r.nvfp4_tflops:6.1f} TF/s  roof {r.pct_roofline:5.1f}%", flush=True)
     meta = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
+        "order": args.order,
     }
     for mod in ("triton", "cutlass", "tvm_ffi"):
         try:
@@ -144,7 +158,7 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     print(f"\n{'M':>5} {'N':>5} {'K':>5} | {'nvfp4 us':>9} {'bf16 us':>9} {'speedup':>7} | "
           f"{'TB/s':>5} {'TF/s':>6} {'%roof':>5}")
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (nks.index((r.n, r.k)), r.m)):
         print(f"{r.m:5d} {r.n:5d} {r.k:5d} | {r.nvfp4_us:9.2f} {r.bf16_us:9.2f} "
               f"{r.speedup:7.2f} | {r.nvfp4_tbs:5.2f} {r.nvfp4_tflops:6.1f} {r.pct_roofline:5.1f}")
 
