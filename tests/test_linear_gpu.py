@@ -38,6 +38,13 @@ def random_nvfp4(n: int, k: int, gen: torch.Generator, per_row_global: bool = Tr
     return weight, weight_scale, global_scale
 
 
+def random_experts(groups: int, n: int, k: int, gen: torch.Generator):
+    """``groups`` experts of :func:`random_nvfp4`, stacked: codes ``[G, N, K/2]``, scales
+    ``[G, N, K/16]``, per-row globals ``[G, N]``."""
+    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
+    return tuple(torch.stack([t[i] for t in ws]) for i in range(3))
+
+
 def check_close(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten rows?)"
     ref = ref.float()
@@ -105,10 +112,7 @@ def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
 
     gen = torch.Generator(device="cuda").manual_seed(7 + bm)
     groups, n, k = 3, 512, 1024
-    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
-    w = torch.stack([t[0] for t in ws])
-    w_scale = torch.stack([t[1] for t in ws])
-    w_global = torch.stack([t[2] for t in ws])
+    w, w_scale, w_global = random_experts(groups, n, k, gen)
     tile_expert = torch.tensor([2, -1, 0, 0, 1, -1], dtype=torch.int32, device="cuda")
     rows = tile_expert.numel() * bm - 5
     a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -163,9 +167,7 @@ def test_grouped_gemm_stride0_global_views(bm, kperm):
 
     gen = torch.Generator(device="cuda").manual_seed(23 + bm)
     groups, n, k = 3, 512, 1024
-    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
-    w = torch.stack([t[0] for t in ws])
-    w_scale = torch.stack([t[1] for t in ws])
+    w, w_scale, _ = random_experts(groups, n, k, gen)
     pair = torch.rand(groups, 2, device="cuda", generator=gen) * 0.01 + 1e-3
     pair[:, 1] = 3 * pair[:, 0]
     per_expert = torch.rand(groups, device="cuda", generator=gen) * 0.01 + 1e-3
@@ -196,10 +198,7 @@ def test_grouped_gemm_tile_rows_padding(bm):
 
     gen = torch.Generator(device="cuda").manual_seed(31 + bm)
     groups, n, k = 3, 512, 1024
-    ws = [random_nvfp4(n, k, gen) for _ in range(groups)]
-    w = torch.stack([t[0] for t in ws])
-    w_scale = torch.stack([t[1] for t in ws])
-    w_global = torch.stack([t[2] for t in ws])
+    w, w_scale, w_global = random_experts(groups, n, k, gen)
     tile_expert = torch.tensor([1, 0, -1, 2, 2, 0], dtype=torch.int32, device="cuda")
     real = [1, bm, 0, bm - 1, 3, 2]
     tile_rows = torch.tensor(real, dtype=torch.int32, device="cuda")

@@ -29,7 +29,8 @@ value on the host:
 1. ``counts`` (zeroed by the caller) += 1 per local slot (int32 atomics: the totals are
    exact and deterministic).
 2. one program: padded sizes, exclusive scan -> ``expert_offsets``, per-expert write cursors,
-   ``tile_expert``, ``tile_rows``; fills ``sorted_slots`` with the sentinel.
+   ``tile_expert``, ``tile_rows`` (each expert's lane writes its segment's tiles, as many steps
+   as the largest segment has tiles); fills ``sorted_slots`` with the sentinel.
 3. each local slot takes the next row of its expert's segment with an int32 atomic on the
    cursor. The order of slots *inside* a segment therefore depends on scheduling, but
    every GEMM row is computed from its own input row only, and the combine reads each slot's
@@ -61,7 +62,6 @@ __all__ = [
 ]
 
 _COUNT_BLOCK = 1024
-_SCAN_TILES = 16  # tiles resolved per step in the single-program scan (16 x E_PAD compares)
 _FILL_BLOCK = 1024
 #: the scan holds one lane per expert; a fixed width keeps one compiled variant for every local
 #: expert count up to this (V4-Pro has 384 routed experts), whatever the EP split.
@@ -98,8 +98,7 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start, num_experts
 @triton.jit
 def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
           sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
-          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
-          FILL_BLOCK: tl.constexpr):
+          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr):
     e = tl.arange(0, E_PAD)
     is_expert = e < num_experts
     # volatile: in the fused kernel the counts were just produced by atomics (L2) in this CTA
@@ -111,20 +110,22 @@ def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows
     tl.store(expert_offsets_ptr + e, starts, mask=is_expert)
     tl.store(expert_offsets_ptr + num_experts + e * 0, total, mask=e == 0)
     tl.store(cursor_ptr + e, starts, mask=is_expert)
-    # Tile i starts at row i * BLOCK_M; its expert is the number of segments ending at or
-    # before that row (empty segments end where they start, so they are skipped).
-    for t0 in range(0, num_tiles, SCAN_TILES):
-        tiles = t0 + tl.arange(0, SCAN_TILES)
-        first_row = tiles * BLOCK_M
-        done = (ends[None, :] <= first_row[:, None]) & is_expert[None, :]
-        owner = tl.sum(done.to(tl.int32), 1)
-        # slots of the owner's segment from this tile's first row on, at most BLOCK_M
-        mine = (e[None, :] == owner[:, None]) & is_expert[None, :]
-        left = tl.sum(tl.where(mine, counts[None, :] + starts[None, :], 0), 1) - first_row
-        real = tl.minimum(tl.maximum(left, 0), BLOCK_M)
-        in_use = first_row < total
-        tl.store(tile_expert_ptr + tiles, tl.where(in_use, owner, -1), mask=tiles < num_tiles)
-        tl.store(tile_rows_ptr + tiles, tl.where(in_use, real, 0), mask=tiles < num_tiles)
+    # Each expert (one lane) writes the tiles of its segment, one tile per step: as many steps
+    # as the largest segment has tiles (1-2 at decode), not one pass over every tile.
+    seg_tiles = padded // BLOCK_M
+    first_tile = starts // BLOCK_M
+    for i in range(0, tl.max(seg_tiles, 0)):
+        has = i < seg_tiles
+        tl.store(tile_expert_ptr + first_tile + i, e, mask=has)
+        tl.store(tile_rows_ptr + first_tile + i, tl.minimum(counts - i * BLOCK_M, BLOCK_M),
+                 mask=has)
+    # the tiles past the last segment, and the sentinel in every row
+    used_tiles = total // BLOCK_M
+    for t0 in range(0, num_tiles, FILL_BLOCK):
+        tiles = t0 + tl.arange(0, FILL_BLOCK)
+        past = (tiles >= used_tiles) & (tiles < num_tiles)
+        tl.store(tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=past)
+        tl.store(tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=past)
     sentinel = tl.full([FILL_BLOCK], 0, tl.int32) + num_slots
     for r0 in range(0, num_rows, FILL_BLOCK):
         rows = r0 + tl.arange(0, FILL_BLOCK)
@@ -158,11 +159,10 @@ def _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, offs, num_s
 @triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
 def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
                  sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
-                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                 SCAN_TILES: tl.constexpr, FILL_BLOCK: tl.constexpr):
+                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr):
     _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
           sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
-          SCAN_TILES, FILL_BLOCK)
+          FILL_BLOCK)
 
 
 @triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts", "num_rows",
@@ -171,8 +171,8 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
                           tile_rows_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
                           expert_start, num_experts,
                           num_rows, num_tiles,
-                          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_TILES: tl.constexpr,
-                          FILL_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+                          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr,
+                          BLOCK: tl.constexpr):
     """All of the routing in one CTA (small N: decode): zero counts, count, scan, place, with
     CTA barriers between the phases (a barrier orders this CTA's global accesses)."""
     counts_ptr = scratch_ptr
@@ -185,7 +185,7 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
     tl.debug_barrier()
     _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
           sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
-          SCAN_TILES, FILL_BLOCK)
+          FILL_BLOCK)
     tl.debug_barrier()
     for s0 in range(0, num_slots, BLOCK):
         _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr,
@@ -260,7 +260,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                                     sorted_slots, slot_row, num_slots, expert_start,
                                     num_experts, num_rows,
                                     num_tiles, E_PAD=e_pad, BLOCK_M=block_m,
-                                    SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK,
+                                    FILL_BLOCK=_FILL_BLOCK,
                                     BLOCK=_COUNT_BLOCK, num_warps=8)
         return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
                           tile_rows)
@@ -272,7 +272,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, sorted_slots,
                        num_slots, num_rows, num_tiles, num_experts,
                        E_PAD=e_pad, BLOCK_M=block_m,
-                       SCAN_TILES=_SCAN_TILES, FILL_BLOCK=_FILL_BLOCK, num_warps=8)
+                       FILL_BLOCK=_FILL_BLOCK, num_warps=8)
     _place_kernel[slot_grid](ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
                              num_experts, BLOCK=_COUNT_BLOCK)
     return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m, tile_rows)
