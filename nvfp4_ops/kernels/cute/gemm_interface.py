@@ -176,10 +176,9 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     ``cfg`` provides ``n``, ``k``, ``epilogue``, ``n_out`` and ``arch``. ``a`` and ``w`` are
     assumed 16-byte aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees
     16); ``w_global`` is ``[G, H2, N / H2]`` with three runtime strides (any, 0 included; see
-    the module docstring), every other tensor compact row-major. Call the
-    result as ``fn(a, w, w_scale_u8, w_global, out, tile_expert, tile_rows, row_scale, bias,
-    limit)``
-    with torch tensors; it launches on torch's current stream. Each family's
+    the module docstring), every other tensor compact row-major. Call the result as
+    ``fn(a, w, w_scale_u8, w_global, out, tile_expert, tile_rows, row_scale, bias, limit)`` with
+    torch tensors; it launches on torch's current stream. Each family's
     ``compile_gemm(cfg, extra_options="")`` is this with its own kernel class.
     """
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
