@@ -6,7 +6,9 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
 
 1. :func:`moe_routing` (Triton): slots grouped by local expert, each segment padded from its
    real count to a multiple of ``block_m``; ``tile_expert`` per ``block_m``-row tile (-1 past
-   the end) and ``slot_row`` (slot -> row, -1 for non-local experts).
+   the end), ``tile_rows`` (real rows at the start of each tile: both GEMMs may compute the
+   padding rows from any row of the tile, their outputs are never read) and ``slot_row``
+   (slot -> row, -1 for non-local experts).
 2. :func:`gather_rows` (Triton): ``a bf16 [P, H]`` = token rows in that order (zeros in padding
    rows), ``row_scale f32 [P]`` = router weight per row (0 in padding rows).
 3. grouped W4A16 GEMM, ``swiglu`` epilogue: ``h bf16 [P, I]`` =
