@@ -27,21 +27,32 @@ def _problems():
     return out
 
 
-def _variants():
+def _variants(kperm: bool = False):
     seen = {}
     for n, k, epi, grouped in _problems():
+        if kperm and not grouped:
+            continue
         for bm in w4a16_stream.BLOCK_MS:
-            cfg = w4a16_stream.choose_config(n, k, bm, epi, False, grouped)
+            cfg = w4a16_stream.choose_config(n, k, bm, epi, False, grouped, kperm=kperm)
             seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 
 
 VARIANTS = _variants()
+#: the pair-order (``kperm``) configs of the grouped (MoE) problems
+KPERM_VARIANTS = _variants(kperm=True)
 
 
 def test_choose_config_contract():
     assert len(VARIANTS) == len(_problems()) * len(w4a16_stream.BLOCK_MS)
-    for cfg in VARIANTS:
+    assert len(KPERM_VARIANTS) == 2 * 2 * len(w4a16_stream.BLOCK_MS)
+    natural = {c.name: c for c in VARIANTS}
+    for cfg in KPERM_VARIANTS:
+        # the same tile as the natural config, plus the flag and the name suffix
+        assert cfg.kperm and cfg.name.endswith("_kp_sm_90a")
+        twin = natural[cfg.name.replace("_kp_", "_")]
+        assert not twin.kperm and cfg == type(cfg)(**{**vars(twin), "kperm": True})
+    for cfg in VARIANTS + KPERM_VARIANTS:
         assert cfg.name.startswith("w4a16s_") and cfg.name.isidentifier()
         assert cfg.n_out == (cfg.n // 2 if cfg.epilogue == "swiglu" else cfg.n)
         assert cfg.k % cfg.kc == 0 and cfg.n_out % cfg.rows_out == 0
@@ -49,7 +60,7 @@ def test_choose_config_contract():
         assert cfg.smem_bytes <= 227 * 1024
 
 
-@pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", VARIANTS + KPERM_VARIANTS, ids=lambda c: c.name)
 def test_variant_compiles_for_sm90a(cfg, tmp_path):
     compiled = w4a16_stream.compile_gemm(cfg)
     path = tmp_path / f"{cfg.name}.o"
@@ -72,6 +83,26 @@ def test_bias_rows8_persistent_compile():
     assert cfg_type(4096, 4096, compute=False).name.endswith("_nocompute_sm_90a")
 
 
+@pytest.mark.parametrize("epilogue,n,k", [("swiglu", 4096, 4096), ("row_scale", 4096, 2048)])
+def test_pair_order_drops_the_activation_prmt(epilogue, n, k, tmp_path):
+    """With pair-order activations the B fragment is the loaded words: the PTX has no ``prmt``
+    at all (the natural config's come only from pairing activation halves), and the same MMAs
+    and activation loads."""
+    counts = {}
+    for kperm in (False, True):
+        cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, kperm=kperm)
+        out = tmp_path / str(kperm)
+        out.mkdir()
+        w4a16_stream.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+        (ptx,) = list(out.glob("*.ptx"))
+        text = ptx.read_text()
+        counts[kperm] = {op: text.count(op) for op in ("prmt.b32", "mma.sync", "ld.global.nc.v4")}
+    steps = 2  # 128-k steps per stage of these configs (4 words x 4 prmt x num_tiles each)
+    assert counts[False]["prmt.b32"] == 16 * steps and counts[True]["prmt.b32"] == 0
+    assert counts[True]["mma.sync"] == counts[False]["mma.sync"] > 0
+    assert counts[True]["ld.global.nc.v4"] == counts[False]["ld.global.nc.v4"] > 0
+
+
 def test_bad_configs_rejected():
     bad = [
         dict(n=4096, k=4096 + 128),  # K not a multiple of the 1024-k chunk
@@ -82,6 +113,7 @@ def test_bad_configs_rejected():
         dict(n=4104, k=4096),  # N % 16
         dict(n=4096, k=4096, ctas=264, release="lag"),  # would never free an item's last stage
         dict(n=4096, k=4096, ctas=-1),
+        dict(n=4096, k=4096, kperm=True),  # pair-order activations: grouped problems only
     ]
     for kw in bad:
         with pytest.raises(ValueError):

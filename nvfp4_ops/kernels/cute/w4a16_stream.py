@@ -68,6 +68,14 @@ of ``a[token, p:p+8]``, ``(p+j, p+j+4)`` is ``prmt(x[j/2], x[j/2 + 2])`` (low or
 MMA ``s`` of a word (``mma.sync.m16n8k16``, weights as A with rows on M, tokens as B on N) takes
 pairs ``2s`` and ``2s + 1`` as its logical k ``{2c, 2c+1}`` and ``{2c+8, 2c+9}``.
 
+Pair-order activations (``kperm``, grouped only: the MoE's 8-token tiles): when ``a`` holds
+every 8-block of k in the ``pair`` order of :mod:`nvfp4_ops.kernels.kperm` (stored position
+``2j`` = k ``j``, ``2j + 1`` = k ``j + 4``), the 16-byte load ``x0..x3`` is already ``(p+j,
+p+j+4)`` in ``x_j``: the B fragment is the loaded words, no ``prmt`` (4 per word index and
+token tile). A ``swiglu`` output is then written in the same order (it is GEMM 2's ``a``):
+feature ``f`` at column ``8 (f // 8) + pair_dst(f % 8)``; ``none`` / ``row_scale`` outputs stay
+natural.
+
 Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
 with the token clamped to ``P - 1`` so no row past ``P`` is read.
 
@@ -164,7 +172,8 @@ class StreamConfig(GemmProblem):
     ``stages``: pipeline depth; ``release``: ``fence`` or ``lag`` (module docstring);
     ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row sets (A rows 8-15 zero) for
     twice the CTAs; ``ctas``: persistent launch (at most that many CTAs loop over the work
-    items; 0 = one CTA per item); ``compute``: diagnostics (below).
+    items; 0 = one CTA per item); ``compute``: diagnostics (below); ``kperm``: pair-order
+    activations (module docstring).
     """
 
     PREFIX: ClassVar[str] = "w4a16s"
@@ -184,10 +193,16 @@ class StreamConfig(GemmProblem):
     #: diagnostics only: ``False`` skips the decode and the MMAs (the consumers wait for each
     #: stage and free it; outputs are zeros), to measure the bare streaming rate
     compute: bool = True
+    #: activations (operand B) in the ``pair`` order of :mod:`nvfp4_ops.kernels.kperm` (the B
+    #: fragment is the loaded words, no ``prmt``), and a SwiGLU output written in that order
+    #: too (the MoE's GEMM 1 feeds GEMM 2); grouped problems only
+    kperm: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         self.check_problem()
+        if self.kperm and not self.grouped:
+            raise ValueError("kperm (pair-order activations) is for grouped problems only")
         if self.release not in RELEASES:
             raise ValueError(f"release must be one of {RELEASES}, got {self.release!r}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
@@ -262,7 +277,7 @@ class StreamConfig(GemmProblem):
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"_{self.release}{'_inv' if self.inval else ''}"
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
-            f"{'' if self.compute else '_nocompute'}_{self.arch}"
+            f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}_{self.arch}"
         )
 
 
@@ -286,9 +301,11 @@ def choose_config(
     has_bias: bool = False,
     grouped: bool = False,
     m_tiles: int | None = None,
+    kperm: bool = False,
 ) -> StreamConfig:
     """The config for a problem: a pure function of static sizes, ``block_m`` and (grouped
     only) ``m_tiles``, the static number of token tiles (the MoE's padded rows / ``block_m``).
+    ``kperm`` (grouped only): pair-order activations (:class:`StreamConfig`), same tiles.
 
     From the H200 sweep (benchmarks/results/stream_dev_h200.txt, run 3; CUDA-graph replay, cold
     L2). What counts is resident CTAs per SM (shared memory per CTA) and 1 KB+ chunks:
@@ -331,7 +348,7 @@ def choose_config(
         if k % (128 * warps_k * steps) == 0:
             return StreamConfig(n, k, epilogue, has_bias, grouped, block_m, row_groups=1,
                                 warps_k=warps_k, steps=steps, stages=stages, release=release,
-                                ctas=ctas)
+                                ctas=ctas, kperm=kperm)
     raise AssertionError("unreachable: K % 256 == 0")
 
 
@@ -655,8 +672,12 @@ class W4A16StreamGemm(DirectLaunch):
                 dec.append(decode_word_pair4(wv[q2][i], scl[q2][i // 2]))
             for t in range(self.num_tiles):
                 xv = ld_v4_at(x_addr[t], i * 16)
-                b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
-                b2, b3 = _pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
+                if self.cfg.kperm:
+                    # pair order: word j already holds k (p+j, p+j+4) (module docstring)
+                    b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
+                else:
+                    b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
+                    b2, b3 = _pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
                 for q in range(nq):
                     dg = dec[self.frags * q]
                     d8 = dec[2 * q + 1] if self.frags == 2 else (zero, zero, zero, zero)
@@ -668,9 +689,15 @@ class W4A16StreamGemm(DirectLaunch):
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
                  grp, quad, num_rows):
         """C fragment f of column tile t, row set q: weight row 16 q + g + 8 (f // 2), token
-        8 t + 2 c + (f % 2). Row set q of the up half is ``row_groups + q``."""
+        8 t + 2 c + (f % 2). Row set q of the up half is ``row_groups + q``. ``kperm`` +
+        ``swiglu``: feature ``row`` is stored at column ``8 (row // 8) + pair_dst(row % 8)``
+        (``row % 8 == g``: ``row0`` and the row-set offsets are multiples of 8)."""
         cfg = self.cfg
         unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
+        col_shift = 0
+        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+            # pair_dst(g) - g = 2 (g % 4) + g // 4 - g, the same for every row of this lane
+            col_shift = 2 * (grp % 4) + grp // 4 - grp
         for j in cutlass.range_constexpr(cfg.row_groups):
             for t in cutlass.range_constexpr(self.num_tiles):
                 for f in cutlass.range_constexpr(2 * self.frags):
@@ -681,7 +708,10 @@ class W4A16StreamGemm(DirectLaunch):
                                            4 * ((cfg.row_groups + j) * self.num_tiles + t) + f,
                                            unscale, w_global, expert, row, token, row_scale,
                                            bias, swiglu_limit)
-                        out[token, row] = v.to(BFloat16)
+                        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+                            out[token, row + col_shift] = v.to(BFloat16)
+                        else:
+                            out[token, row] = v.to(BFloat16)
 
 
 def compile_gemm(cfg: StreamConfig, extra_options: str = ""):
