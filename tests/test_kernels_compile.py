@@ -21,10 +21,17 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     names = {c.name for c in VARIANTS}
     # 2 shapes x 4 problems x 6 token tiles, plus the dense WGMMA tiles that depend on the
     # number of m-tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the two shapes), plus
-    # the persistent decode gate/up of each shape (<= PERSIST_MAX_TILES token tiles)
+    # the persistent decode gate/up of each shape (<= PERSIST_MAX_TILES token tiles). Every
+    # grouped config reads a permuted order (_kp): the 32-block one at 16-256, the pair order
+    # at 8 (the natural grouped 8-token configs are no longer reached)
     assert len(names) == len(VARIANTS) == 56
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
+    grouped = [c for c in VARIANTS if c.grouped]
+    assert len(grouped) == 2 * 2 * 6 + 2 and all(c.kperm for c in grouped)
+    assert {linear_cuda.config_layout(c) for c in VARIANTS if not c.grouped} == {"natural"}
+    assert {linear_cuda.config_layout(c) for c in grouped if c.block_m == 8} == {"pair"}
+    assert sum(c.block_m == 8 and "_p396_" in c.name for c in grouped) == 2  # persistent
     for s_name in ("v4-flash", "v4-pro"):
         from nvfp4_ops import get_shape
 
@@ -87,10 +94,31 @@ def test_dispatch_families_and_fallbacks():
     assert family(linear_cuda.choose_config(4096, 1152, 8)) == "w4a16_gemm"
     assert [linear_cuda.block_m_for_tokens(m) for m in (1, 9, 17, 33, 65, 256, 257, 512)] == \
         [8, 16, 32, 64, 128, 128, 256, 256]
-    # k-permuted activations: the MoE's WGMMA tiles only
+    # permuted activations: the MoE's WGMMA tiles (32-block order) and streamed 8-token tiles
+    # (pair order); the order each tile's config reads is the one the gather writes
+    from nvfp4_ops.kernels.kperm import tile_layout
+
     assert linear_cuda.choose_config(4096, 4096, 64, "swiglu", False, True, None, True).kperm
+    for bm in linear_cuda.BLOCK_MS:
+        for n, k, epi in ((4096, 4096, "swiglu"), (4096, 2048, "row_scale")):
+            for m_tiles in (None, 1, 9):
+                cfg = linear_cuda.choose_config(n, k, bm, epi, False, True, m_tiles, True)
+                assert cfg.kperm and cfg.grouped and cfg.block_m == bm
+                assert linear_cuda.config_layout(cfg) == tile_layout(bm)
+                assert family(cfg) == ("w4a16_stream" if bm == 8 else "w4a16_wgmma")
+                assert linear_cuda.config_layout(
+                    linear_cuda.choose_config(n, k, bm, epi, False, True, m_tiles)) == "natural"
+    # the pair-order decode gate/up keeps the persistent choice at few token tiles
+    assert linear_cuda.choose_config(4096, 4096, 8, "swiglu", False, True, 6, True).ctas > 0
+    assert linear_cuda.choose_config(4096, 4096, 8, "swiglu", False, True, 9, True).ctas == 0
     assert [linear_cuda.grouped_kperm(4096, 2048, bm) for bm in linear_cuda.BLOCK_MS] == \
-        [False, True, True, True, True, True]
-    for kw in (dict(block_m=8, grouped=True), dict(block_m=128, grouped=False)):
+        [True] * 6
+    assert linear_cuda.grouped_kperm(7168, 3072, 8)  # V4-Pro
+    # tiny (H=256, I=128): the down GEMM (K = 128) is not streamed at 8 -> natural there
+    assert [linear_cuda.grouped_kperm(256, 128, bm) for bm in linear_cuda.BLOCK_MS] == \
+        [False] + [True] * 5
+    for kw in (dict(block_m=8, grouped=False), dict(block_m=128, grouped=False),
+               dict(block_m=8, grouped=True, k=1152)):  # K % 256: mma.sync fallback
+        kw.setdefault("k", 4096)
         with pytest.raises(ValueError, match="k-permuted"):
-            linear_cuda.choose_config(4096, 4096, epilogue="swiglu", kperm=True, **kw)
+            linear_cuda.choose_config(4096, epilogue="swiglu", kperm=True, **kw)

@@ -177,21 +177,69 @@ def test_kperm_layout():
         permute_k(torch.zeros(3, 48))
 
 
-@pytest.mark.parametrize("kperm", [False, True])
-def test_gather_rows(kernels, kperm):
+def test_pair_layout():
+    """The streamed family's 8-block pair order (kernels/kperm.py)."""
+    from nvfp4_ops.kernels import kperm as kp
+
+    assert kp.PAIR_BLOCK == 8
+    assert [kp.pair_src(p) for p in range(8)] == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert all(kp.pair_dst(kp.pair_src(p)) == p for p in range(8))
+    # the streamed kernel's B fragment: the 16-byte load of one 8-block is 4 u32 words, word j
+    # = stored positions (2j, 2j+1) (low, high bf16); the pair4 decoder's word j pairs codes
+    # (j, j+4): the word must hold exactly physical k (j, j+4)
+    for j in range(4):
+        assert (kp.pair_src(2 * j), kp.pair_src(2 * j + 1)) == (j, j + 4)
+    x = torch.arange(3 * 48).reshape(3, 48)
+    y = kp.permute_pairs(x)
+    assert torch.equal(y, kp.to_layout(x, "pair"))
+    for b in range(6):
+        for p in range(8):
+            assert y[2, 8 * b + p] == x[2, 8 * b + kp.pair_src(p)]
+    for layout in kp.LAYOUTS:
+        z = kp.to_layout(torch.arange(64), layout)
+        assert torch.equal(kp.from_layout(z, layout), torch.arange(64))
+        assert [int(z[kp.stored_column(f, layout)]) for f in range(64)] == list(range(64))
+    assert kp.stored_column(13, "pair") == 8 + kp.pair_dst(5) == 11
+    assert kp.tile_layout(8) == "pair"
+    assert [kp.tile_layout(bm) for bm in (16, 32, 64, 128, 256)] == ["kperm"] * 5
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kp.permute_pairs(torch.zeros(2, 12))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        kp.to_layout(torch.zeros(2, 16), "pairs")
+
+
+# (kperm argument, block_m, H, layout the gather must write): True = the order of the tile's
+# GEMM family (pair at 8, kperm at 16+); H = 104 is a multiple of 8 but not of 32 or BLOCK_H
+GATHER_CASES = [
+    (False, 8, 96, "natural"),
+    (True, 8, 96, "pair"),
+    (True, 16, 96, "kperm"),
+    ("pair", 8, 104, "pair"),
+    ("pair", 16, 96, "pair"),
+    ("kperm", 8, 96, "kperm"),
+    ("natural", 16, 104, "natural"),
+]
+
+
+@pytest.mark.parametrize("kperm,block_m,hidden_size,layout", GATHER_CASES)
+def test_gather_rows(kernels, kperm, block_m, hidden_size, layout):
     device, routing_mod, _ = kernels
     g = torch.Generator().manual_seed(11)
-    num_tokens, top_k, num_experts, hidden_size, block_m = 13, 3, 8, 96, 8
+    num_tokens, top_k, num_experts = 13, 3, 8
     ids = _ids(num_tokens, top_k, 0, 12, torch.int32, g).to(device)  # some non-local
     hidden = torch.randn(num_tokens, hidden_size, generator=g).to(torch.bfloat16).to(device)
     weights = torch.rand(num_tokens, top_k, generator=g).to(device)
     routing = routing_mod.moe_routing(ids, num_experts, 0, block_m)
     a, row_scale = routing_mod.gather_rows(hidden, weights, routing, kperm)
     assert a.shape == (routing.sorted_slots.numel(), hidden_size) and a.dtype == torch.bfloat16
-    if kperm:
-        from nvfp4_ops.kernels.kperm import permute_k
-
-        hidden = permute_k(hidden)
+    if layout != "natural":
+        # an independent statement of each order (kernels/kperm.py): stored position q of a
+        # block holds k 4 (q % 8) + q // 8 (kperm, 32-blocks) or q // 2 + 4 (q % 2) (pair)
+        block = 32 if layout == "kperm" else 8
+        within = [4 * (q % 8) + q // 8 if layout == "kperm" else q // 2 + 4 * (q % 2)
+                  for q in range(block)]
+        idx = torch.tensor([b + q for b in range(0, hidden_size, block) for q in within])
+        hidden = hidden[:, idx.to(hidden.device)]
     end = int(routing.expert_offsets[-1])
     slots = routing.sorted_slots.cpu()
     a, row_scale, hidden, weights = a.cpu(), row_scale.cpu(), hidden.cpu(), weights.cpu()
@@ -203,6 +251,22 @@ def test_gather_rows(kernels, kperm):
         else:
             assert torch.equal(a[r], hidden[s // top_k])
             assert row_scale[r] == weights.reshape(-1)[s]
+
+
+def test_gather_rows_layout_errors(kernels):
+    device, routing_mod, _ = kernels
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=device)
+    routing = routing_mod.moe_routing(ids, 4, 0, 8)
+    weights = torch.ones(2, 2, device=device)
+    with pytest.raises(ValueError, match="H % 32"):
+        routing_mod.gather_rows(torch.zeros(2, 104, dtype=torch.bfloat16, device=device),
+                                weights, routing, "kperm")
+    with pytest.raises(ValueError, match="H % 8"):
+        routing_mod.gather_rows(torch.zeros(2, 36, dtype=torch.bfloat16, device=device),
+                                weights, routing, True)  # pair order at block_m 8
+    with pytest.raises(ValueError, match="layout must be one of"):
+        routing_mod.gather_rows(torch.zeros(2, 96, dtype=torch.bfloat16, device=device),
+                                weights, routing, "k32")
 
 
 @pytest.mark.parametrize("num_tokens", [0, 1, 9])
@@ -243,12 +307,13 @@ def test_combine_fixed_order_and_non_local(kernels, num_tokens):
 def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
                        row_scale, bias, block_m, kperm=False, tile_rows=None):
     """The grouped-GEMM contract in torch: only tiles with an expert are computed/written
-    (``kperm``: ``a`` is k-permuted and a SwiGLU output is written k-permuted). ``w_global`` is
-    the kernels' ``[G, H2, N / H2]`` (any strides; ``H2 = 2`` for ``swiglu``), read here as
-    per-row globals ``[N]`` of each expert (gate half, then up half). With ``tile_rows`` the
-    contract lets padding rows hold anything: they are written NaN here, so a caller that read
-    them would fail."""
-    from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k
+    (``kperm``: ``a`` is in the permuted order of the tile's family, the 8-block ``pair`` order
+    of the streamed kernel at block_m 8, the 32-block ``kperm`` order of WGMMA at 16-256, and
+    a SwiGLU output is written in it). ``w_global`` is the kernels' ``[G, H2, N / H2]`` (any
+    strides; ``H2 = 2`` for ``swiglu``), read here as per-row globals ``[N]`` of each expert
+    (gate half, then up half). With ``tile_rows`` the contract lets padding rows hold anything:
+    they are written NaN here, so a caller that read them would fail."""
+    from nvfp4_ops.kernels.kperm import stored_column
     from nvfp4_ops.reference.linear import linear_fp32
     from nvfp4_ops.reference.mlp import clamped_swiglu
 
@@ -263,14 +328,20 @@ def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, s
         return
 
     if kperm:  # back to the natural k order, then the plain contract, then permute the output
-        inv = torch.tensor([dst(k) for k in range(KPERM_BLOCK)])
-        inv = (torch.arange(0, a.shape[1], KPERM_BLOCK)[:, None] + inv).reshape(-1)
+        layout = "pair" if block_m == 8 else "kperm"  # the families' orders, stated here
+        cols = torch.tensor([stored_column(k, layout) for k in range(a.shape[1])])
         nat = torch.empty_like(out)
-        torch_grouped_gemm(a[:, inv.to(a.device)], tile_expert, w, w_scale, w_global, nat,
+        torch_grouped_gemm(a[:, cols.to(a.device)], tile_expert, w, w_scale, w_global, nat,
                            epilogue=epilogue, swiglu_limit=swiglu_limit, row_scale=row_scale,
                            bias=bias, block_m=block_m)
         valid = (tile_expert >= 0).repeat_interleave(block_m)
-        out[valid] = permute_k(nat[valid]) if epilogue == "swiglu" else nat[valid]
+        if epilogue == "swiglu":
+            out_cols = torch.tensor([stored_column(f, layout) for f in range(out.shape[1])])
+            permuted = torch.empty_like(nat[valid])
+            permuted[:, out_cols.to(out.device)] = nat[valid]
+            out[valid] = permuted
+        else:
+            out[valid] = nat[valid]
         return
 
     num_rows = a.shape[0]
@@ -340,6 +411,28 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
     assert err < bound, f"relative L2 error {err:.2e}"
     if id_range not in (None, "skew"):
         assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):
+    """Negative control for the test above: a stand-in GEMM that reads (and writes) the
+    32-block ``kperm`` order at block_m 8, while the gather writes the pair order there, gives
+    a wrong result: the orchestration test tells the two orders apart."""
+    device, _, _ = kernels
+    from nvfp4_ops.kernels import kperm as kp
+    from nvfp4_ops.kernels.moe_cuda import moe_forward
+    from nvfp4_ops.reference import moe_reference
+    from nvfp4_ops.testing import random_routing, rel_l2
+
+    torch.manual_seed(5)
+    hidden = torch.randn(7, 256).to(torch.bfloat16)
+    ids, weights = random_routing(7, tiny_experts.num_experts, 6)
+    args = (hidden, ids, weights, *tiny_experts.args(), 0, 10.0, 1.5)
+    want = moe_reference(*args)
+    kperm_column = kp.stored_column
+    monkeypatch.setattr(kp, "stored_column", lambda f, layout: kperm_column(f, "kperm"))
+    got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
+                      gemm=torch_grouped_gemm, block_m=8, kperm=True).cpu()
+    assert rel_l2(got.float(), want) > 0.1
 
 
 def test_choose_block_m():

@@ -21,11 +21,13 @@ from collections.abc import Iterable
 import torch
 
 from nvfp4_ops import _compile
+from nvfp4_ops.kernels.kperm import tile_layout
 
 __all__ = [
     "BLOCK_MS",
     "block_m_for_tokens",
     "compiled_gemm",
+    "config_layout",
     "dense_m_tiles",
     "gate_up_global_view",
     "grouped_kperm",
@@ -47,6 +49,8 @@ _STREAM = "w4a16_stream"  # 1-8 tokens: weights streamed global -> smem by the b
 _MMA = "w4a16_gemm"  # 9-32 tokens (dense): mma.sync from a register ring
 _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = _MMA
+#: the permuted activation order each family reads with ``kperm`` (:mod:`nvfp4_ops.kernels.kperm`)
+_KPERM_LAYOUT = {_STREAM: "pair", _WGMMA: "kperm"}
 #: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
 BLOCK_MS = (8, 16, 32, 64, 128, 256)
 _dummies: dict[tuple, torch.Tensor] = {}
@@ -94,24 +98,34 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     ``m_tiles`` (``ceil(P / block_m)``, clamped by :func:`_m_tiles_cap`) lets the WGMMA family
     size a dense tile shape to the number of CTAs (``w4a16_wgmma.choose_config``) and the
     streamed family pick persistent CTAs for a grouped problem with few token tiles (decode).
-    ``kperm`` (grouped only): the activations are k-permuted (:mod:`nvfp4_ops.kernels.kperm`),
-    which only the WGMMA family reads (see :func:`grouped_kperm`).
+    ``kperm`` (grouped only): the activations are in the permuted order of the family that
+    serves the tile (``pair`` for the streamed 8-token tiles, ``kperm`` for the WGMMA tiles:
+    :func:`nvfp4_ops.kernels.kperm.tile_layout`, which the gather follows; checked here) and a
+    SwiGLU output is written in it; see :func:`grouped_kperm`.
 
     Raises:
         ValueError: a grouped problem no family covers at ``block_m`` (see
             :func:`grouped_supported`; the MoE routing pads to ``block_m``, so the tile cannot
-            change).
+            change), or ``kperm`` where the family does not cover the problem (no fallback
+            reads a permuted order).
     """
     n_out = n // 2 if epilogue == "swiglu" else n
-    mod = _kernel_module(_family(block_m, grouped))
+    family = _family(block_m, grouped)
+    mod = _kernel_module(family)
     if kperm:
-        if not (grouped and _family(block_m, grouped) == _WGMMA and _covers(mod, n_out, k,
-                                                                             block_m)):
+        if not (grouped and family in _KPERM_LAYOUT and _covers(mod, n_out, k, block_m)):
             raise ValueError(f"no kernel reads k-permuted activations for N={n}, K={k}, "
                              f"block_m={block_m}, grouped={grouped}")
+        if _KPERM_LAYOUT[family] != tile_layout(block_m):
+            # the gather writes kperm.tile_layout(block_m): both rules must name one order
+            raise AssertionError(f"family {family} reads {_KPERM_LAYOUT[family]!r} at "
+                                 f"block_m={block_m}, kperm.tile_layout says "
+                                 f"{tile_layout(block_m)!r}")
+        if family == _STREAM:
+            return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,
+                                     kperm=True)
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True)
     if _covers(mod, n_out, k, block_m):
-        family = _family(block_m, grouped)
         if m_tiles is not None and ((not grouped and family == _WGMMA)
                                     or (grouped and family == _STREAM)):
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles)
@@ -134,11 +148,25 @@ def grouped_supported(n_out: int, k: int, block_m: int) -> bool:
 @functools.cache
 def grouped_kperm(hidden_size: int, inter: int, block_m: int) -> bool:
     """Whether the MoE's two grouped GEMMs at ``block_m`` (gate/up: ``N = 2I, K = H``; down:
-    ``N = H, K = I``) both run the WGMMA family, so they take k-permuted activations (the
-    gather and GEMM 1's epilogue write them; :mod:`nvfp4_ops.kernels.kperm`)."""
-    wg = _kernel_module(_WGMMA)
-    return (_family(block_m, True) == _WGMMA and _covers(wg, inter, hidden_size, block_m)
-            and _covers(wg, hidden_size, inter, block_m))
+    ``N = H, K = I``) both run a family that reads a permuted activation order (WGMMA: the
+    32-block ``kperm`` order; the streamed 8-token tiles: the 8-block ``pair`` order), so they
+    take their activations in it (the gather and GEMM 1's epilogue write them;
+    :func:`nvfp4_ops.kernels.kperm.tile_layout` says which order). False when either GEMM
+    falls back to ``mma.sync`` (e.g. ``K % 256`` at block_m 8)."""
+    family = _family(block_m, True)
+    if family not in _KPERM_LAYOUT:
+        return False
+    mod = _kernel_module(family)
+    return _covers(mod, inter, hidden_size, block_m) and _covers(mod, hidden_size, inter, block_m)
+
+
+def config_layout(cfg) -> str:
+    """The activation order a config of any family reads (a
+    :data:`nvfp4_ops.kernels.kperm.LAYOUTS` name): ``natural``, or its family's permuted
+    order (``pair`` for the streamed family, ``kperm`` for WGMMA)."""
+    if not getattr(cfg, "kperm", False):
+        return "natural"
+    return _KPERM_LAYOUT[type(cfg).__module__.rsplit(".", 1)[1]]
 
 
 def block_m_for_tokens(num_tokens: int) -> int:
@@ -277,8 +305,10 @@ def grouped_w4a16_gemm(
             ``"row_scale"`` (``* row_scale[p]``, fp32 ``[P]``).
         swiglu_limit: ``L`` or None (no clamp).
         block_m: token tile (one of :data:`BLOCK_MS`); static.
-        kperm: ``a`` is k-permuted (:mod:`nvfp4_ops.kernels.kperm`) and a ``swiglu`` output is
-            written k-permuted; grouped WGMMA problems only (:func:`grouped_kperm`).
+        kperm: ``a`` is in the permuted k order of the family serving ``block_m``
+            (``pair`` at 8, ``kperm`` at 16-256: :func:`nvfp4_ops.kernels.kperm.tile_layout`)
+            and a ``swiglu`` output is written in it; grouped problems that family covers
+            only (:func:`grouped_kperm`).
         tile_rows: int32 ``[ceil(P / block_m)]`` (grouped only): real rows at the start of each
             m-tile, the rest being padding whose outputs may be any function of the tile's
             rows (the streamed kernel copies the last real row's; see ``w4a16_gemm``'s module
@@ -421,7 +451,8 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
             for bm in BLOCK_MS:
                 if grouped and not grouped_supported(n_out, k, bm):
                     continue
-                # the MoE passes kperm exactly when both of its GEMMs run WGMMA
+                # the MoE passes kperm exactly when both of its GEMMs run a family with a
+                # permuted order (WGMMA, or the streamed 8-token tiles)
                 kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in reach_m_tiles(bm, grouped):
                     cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm)

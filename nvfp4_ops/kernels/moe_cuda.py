@@ -22,10 +22,13 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
 5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
    fixed ``j`` order, non-local slots contribute 0.
 
-When both GEMMs run the WGMMA kernel (token tiles 16-256), ``a`` and ``h`` are stored with the
-columns of every 32-block k-permuted (:mod:`nvfp4_ops.kernels.kperm`): the gather writes ``a``
-that way and GEMM 1's epilogue writes ``h`` that way, so the kernel decodes each lane's own
-checkpoint bytes without gathering them (fewer instructions per weight).
+When both GEMMs run a family that reads a permuted k order
+(:func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`), ``a`` and ``h`` are stored in it
+(:mod:`nvfp4_ops.kernels.kperm`): the gather writes ``a`` that way and GEMM 1's epilogue writes
+``h`` that way. WGMMA tiles (16-256): every 32-block k-permuted, so the kernel decodes each
+lane's own checkpoint bytes without gathering them (fewer instructions per weight). Streamed
+8-token tiles (decode): every 8-block in pair order, so the activation loads are the MMA's B
+fragment without byte permutes.
 
 Every buffer is allocated with torch on the current device (the caching allocator, so the graph
 pool under capture), every launch goes to the current stream, every grid comes from
@@ -44,6 +47,7 @@ from collections.abc import Callable
 
 import torch
 
+from nvfp4_ops.kernels.kperm import layout_block, tile_layout
 from nvfp4_ops.kernels.linear_cuda import BLOCK_MS, gate_up_global_view, per_group_global_view
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
@@ -114,8 +118,10 @@ def moe_forward(
     fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
     (GEMM 2), with stride 0 along the rows. Arguments as for
     :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
-    ``kperm``: the gather and GEMM 1 write k-permuted activations and both GEMMs read them
-    (``gemm`` then gets ``kperm=True``; :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`).
+    ``kperm``: the gather and GEMM 1 write the activations in the permuted k order of the
+    GEMM family that serves ``block_m`` (:func:`nvfp4_ops.kernels.kperm.tile_layout`: ``pair``
+    at 8, ``kperm`` at 16-256) and both GEMMs read them (``gemm`` then gets ``kperm=True``;
+    :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
@@ -187,7 +193,9 @@ def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cu
         ids = ids.reshape(num_tokens, top_k)
         for block_m in BLOCK_MS:
             routing = moe_routing(ids, num_experts, 0, block_m)
-            for kperm in (False, True) if hidden_size % 32 == 0 else (False,):
+            # natural, and the permuted order of this tile's family (what kperm=True writes)
+            perm_ok = hidden_size % layout_block(tile_layout(block_m)) == 0
+            for kperm in (False, True) if perm_ok else (False,):
                 a, _ = gather_rows(hidden, weights, routing, kperm)
             combine(a, routing.slot_row, num_tokens, top_k, 1.0)
             names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{id_dtype}")

@@ -38,9 +38,11 @@ value on the host:
    deterministic.
 4. gather: ``a[r] = hidden[sorted_slots[r] // k]`` (zeros for padding rows) and
    ``row_scale[r] = topk_weights.flat[sorted_slots[r]]`` (0 for padding rows), for the tiles
-   that hold rows; tiles past the end are left untouched (the GEMMs skip them). With
-   ``kperm`` the columns of every 32-block are written in the order of
-   :mod:`nvfp4_ops.kernels.kperm` (a register transpose: loads and stores stay contiguous).
+   that hold rows; tiles past the end are left untouched (the GEMMs skip them). In a
+   permuted layout of :mod:`nvfp4_ops.kernels.kperm` (``kperm``: every 32-block, for the WGMMA
+   tiles; ``pair``: every 8-block, for the streamed 8-token tiles) the columns are written in
+   that order by a register transpose: loads and stores stay contiguous (a version that
+   permuted through strided loads was 3.3x slower, h200_2026-11-30_s3/kperm_ab_h200*.log).
 
 The jitted functions never specialise on the token or expert counts (``do_not_specialize``),
 so one compiled variant per ``(block_m, k, H, id dtype)`` serves every T and every EP split.
@@ -53,6 +55,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from nvfp4_ops.kernels.kperm import NATURAL, layout_block, tile_layout
 
 __all__ = [
     "MoERouting",
@@ -204,7 +208,7 @@ def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_
 def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr, a_ptr,
                    row_scale_ptr, num_slots,
                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_H: tl.constexpr, KPERM: tl.constexpr):
+                   BLOCK_H: tl.constexpr, PERM_ROWS: tl.constexpr):
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
     if tl.load(tile_expert_ptr + tile) >= 0:
@@ -216,10 +220,12 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
         col_ok = cols < HIDDEN
         src = hidden_ptr + token.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         vals = tl.load(src, mask=real[:, None] & col_ok[None, :], other=0.0)
-        if KPERM:
-            # stored position 8a + b of each 32-block holds k 4b + a (kernels/kperm.py): a
-            # transpose of [8, 4] blocks, done in registers so loads and stores stay contiguous
-            vals = tl.reshape(vals, (BLOCK_M, BLOCK_H // 32, 8, 4))
+        if PERM_ROWS > 0:
+            # both permuted layouts (kernels/kperm.py) transpose blocks of 4 R k seen as [R, 4]
+            # (k = 4a + b stored at position R b + a): R = 8 is ``kperm`` (32-blocks), R = 2
+            # ``pair`` (8-blocks: position 2b + a holds k b + 4a). In registers, so loads and
+            # stores stay contiguous
+            vals = tl.reshape(vals, (BLOCK_M, BLOCK_H // (4 * PERM_ROWS), PERM_ROWS, 4))
             vals = tl.reshape(tl.permute(vals, (0, 1, 3, 2)), (BLOCK_M, BLOCK_H))
         dst = a_ptr + rows.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         tl.store(dst, vals, mask=col_ok[None, :])
@@ -278,26 +284,38 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m, tile_rows)
 
 
-def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
-                routing: MoERouting, kperm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
+                kperm: bool | str = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
 
     Args:
         hidden: ``bf16 [T, H]`` contiguous.
         topk_weights: ``float32 [T, k]`` contiguous.
         routing: from :func:`moe_routing` for the same ``T, k``.
-        kperm: write each row's columns in the k-permuted order of
-            :mod:`nvfp4_ops.kernels.kperm` (``H % 32 == 0``; for the WGMMA GEMM).
+        kperm: the column order of ``a``: ``False`` (natural), ``True`` (the permuted order
+            the GEMM family of ``routing.block_m`` reads, :func:`nvfp4_ops.kernels.kperm.
+            tile_layout`: ``pair`` at 8, ``kperm`` at 16-256; what ``grouped_w4a16_gemm``
+            reads with ``kperm=True``), or a layout name of
+            :data:`nvfp4_ops.kernels.kperm.LAYOUTS` (``H`` a multiple of its block: 32 for
+            ``kperm``, 8 for ``pair``).
 
     Returns:
         ``a bf16 [P, H]`` (token rows, zeros in padding rows) and ``row_scale f32 [P]``
         (router weight of each row, 0 in padding rows). Rows of tiles past the last segment
         are left uninitialised: no GEMM tile reads or writes them.
+
+    Raises:
+        ValueError: an unknown layout, or ``H`` not a multiple of its block.
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_weights.shape[1]
-    if kperm and hidden_size % 32:
-        raise ValueError(f"kperm needs H % 32 == 0, got H={hidden_size}")
+    if isinstance(kperm, str):
+        layout = kperm
+    else:
+        layout = tile_layout(routing.block_m) if kperm else NATURAL
+    block = layout_block(layout)
+    if hidden_size % block:
+        raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")
     num_rows = routing.sorted_slots.shape[0]
     block_m = routing.block_m
     a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
@@ -309,5 +327,5 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor,
     _gather_kernel[grid](hidden, topk_weights, routing.sorted_slots, routing.tile_expert, a,
                          row_scale, num_tokens * top_k,
                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h,
-                         KPERM=kperm)
+                         PERM_ROWS=block // 4 if block > 1 else 0)
     return a, row_scale
