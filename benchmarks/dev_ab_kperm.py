@@ -1,6 +1,8 @@
 """A/B helper (diagnostics, needs a GPU): the MoE sweep of ``bench_moe.py --sweep`` with the
 k-permuted activation layout (``nvfp4_ops/kernels/kperm.py``) switched off, then on (as the op
 runs it). Both runs use the same kernels otherwise, and compile / load their own configs.
+"Off" switches both permuted orders off: the WGMMA tiles' 32-block order and the 8-token
+tiles' pair order; ``benchmarks/dev_ab_pairs.py`` A/Bs the pair order alone, per GEMM.
 
 Usage: ``python benchmarks/dev_ab_kperm.py T [T ...]`` (e.g. ``512 4096``).
 """

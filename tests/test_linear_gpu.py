@@ -100,12 +100,14 @@ def test_linear_bias_and_unsupported_fallback():
 _TILES = [8, 16, 32, 64, 128, 256]
 
 
-# kperm (k-permuted activations) exists for the WGMMA family's tiles, 16-256
+# kperm (permuted activations) exists for every grouped tile: the 32-block order of the WGMMA
+# family (16-256), the 8-block pair order of the streamed family (8); kperm.tile_layout
 @pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
-                         + [(bm, True) for bm in _TILES[1:]])
+                         + [(bm, True) for bm in _TILES])
 def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
     """Every token tile of every kernel family (linear_cuda._family) on a grouped problem;
-    ``kperm``: k-permuted activations in, k-permuted SwiGLU output (the MoE's WGMMA path)."""
+    ``kperm``: activations in the tile family's permuted order, SwiGLU output written in it
+    (the MoE's path)."""
     from nvfp4_ops.kernels.linear_cuda import grouped_kperm
 
     assert not kperm or grouped_kperm(1024, 256, bm)
@@ -127,14 +129,15 @@ def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, ro
     """Run ``grouped_w4a16_gemm`` with the global-scale argument ``w_global`` into a NaN-poisoned
     output and check every tile against ``linear_fp32`` with the per-row globals
     ``rows_global`` fp32 ``[G, N]`` (contiguous, built independently)."""
-    from nvfp4_ops.kernels.kperm import permute_k
+    from nvfp4_ops.kernels.kperm import tile_layout, to_layout
     from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
     from nvfp4_ops.reference.mlp import clamped_swiglu
 
     rows, n = a.shape[0], w.shape[1]
     n_out = n // 2 if epilogue == "swiglu" else n
+    layout = tile_layout(bm) if kperm else "natural"
     out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-    grouped_w4a16_gemm(permute_k(a) if kperm else a, tile_expert, w, w_scale, w_global,
+    grouped_w4a16_gemm(to_layout(a, layout), tile_expert, w, w_scale, w_global,
                        out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,
                        block_m=bm, kperm=kperm)
     for t, e in enumerate(tile_expert.tolist()):
@@ -147,8 +150,7 @@ def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, ro
             ref = ref * row_scale[sl, None]
         if epilogue == "swiglu":
             ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
-            if kperm:
-                ref = permute_k(ref)
+            ref = to_layout(ref, layout)
             out_t = out[sl].float()
             err = (out_t - ref).norm() / ref.norm()
             assert not torch.isnan(out_t).any() and err < 4e-3, f"swiglu tile {t}: {err}"
@@ -157,7 +159,7 @@ def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, ro
 
 
 @pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
-                         + [(bm, True) for bm in _TILES[1:]])
+                         + [(bm, True) for bm in _TILES])
 def test_grouped_gemm_stride0_global_views(bm, kperm):
     """The MoE's global-scale arguments on every kernel family: a gate/up pair per expert
     ``[G, 2]`` as the stride-0 view ``[G, 2, N/2]`` (``swiglu``; up = 3 x gate, so a swapped
@@ -186,6 +188,64 @@ def test_grouped_gemm_stride0_global_views(bm, kperm):
         assert view.stride()[2] == 0
         _run_and_check_grouped(a, tile_expert, w, w_scale, view, rows_global, row_scale,
                                epilogue, bm, kperm)
+
+
+# swiglu at 6 token tiles runs persistent CTAs, at 12 one CTA per work item (choose_config)
+@pytest.mark.parametrize("tiles", [6, 12])
+def test_grouped_stream_pair_order_matches_natural(tiles):
+    """The streamed 8-token kernel with pair-order activations (``kperm``, the MoE's decode
+    path): its B fragment holds the same k pairs as the natural kernel's (no ``prmt``, same
+    MMAs), so every output is bitwise the natural kernel's (a SwiGLU output at its pair-order
+    column), and the natural kernel matches the reference (checked here too). NaN-poisoned
+    outputs, skipped tiles, padding rows (``tile_rows``) with NaN inputs."""
+    from nvfp4_ops.kernels import linear_cuda
+    from nvfp4_ops.kernels.kperm import from_layout, permute_pairs
+    from nvfp4_ops.reference.mlp import clamped_swiglu
+
+    gen = torch.Generator(device="cuda").manual_seed(41 + tiles)
+    groups, n, k, bm = 3, 1024, 2048, 8
+    w, w_scale, w_global = random_experts(groups, n, k, gen)
+    pattern = [2, -1, 0, 0, 1, -1, 1, 2, 0, 2, -1, 1]
+    tile_expert = torch.tensor(pattern[:tiles], dtype=torch.int32, device="cuda")
+    real = [(3 * t) % bm + 1 if e >= 0 else 0 for t, e in enumerate(pattern[:tiles])]
+    tile_rows = torch.tensor(real, dtype=torch.int32, device="cuda")
+    rows = tiles * bm
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    for t, r in enumerate(real):
+        a[t * bm + r:(t + 1) * bm] = float("nan")  # padding rows: never reach a real row
+    a_pair = permute_pairs(a)
+    row_scale = torch.rand(rows, device="cuda", generator=gen)
+    for epilogue in ("swiglu", "row_scale", "none"):
+        n_out = n // 2 if epilogue == "swiglu" else n
+        cfg = linear_cuda.choose_config(n, k, bm, epilogue, False, True, tiles, True)
+        assert linear_cuda.config_layout(cfg) == "pair" and cfg.name.endswith("_kp_sm_90a")
+        assert epilogue != "swiglu" or (cfg.ctas > 0) == (tiles <= 8)
+        outs = {}
+        for kperm in (False, True):
+            out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+            linear_cuda.grouped_w4a16_gemm(a_pair if kperm else a, tile_expert, w, w_scale,
+                                           w_global, out, epilogue=epilogue, swiglu_limit=7.0,
+                                           row_scale=row_scale, block_m=bm, kperm=kperm,
+                                           tile_rows=tile_rows)
+            outs[kperm] = out
+        got = from_layout(outs[True], "pair") if epilogue == "swiglu" else outs[True]
+        for t, e in enumerate(tile_expert.tolist()):
+            tile = slice(t * bm, (t + 1) * bm)
+            if e < 0:
+                assert torch.isnan(outs[True][tile]).all(), f"{epilogue}: skipped tile {t}"
+                continue
+            sl = slice(t * bm, t * bm + real[t])
+            assert torch.equal(got[sl], outs[False][sl]), \
+                f"{epilogue} tile {t}: pair order differs from natural"
+            ref = linear_fp32(a[sl], w[e], w_scale[e], w_global[e])
+            if epilogue == "swiglu":
+                ref = clamped_swiglu(ref[:, : n // 2], ref[:, n // 2:], 7.0)
+                err = (outs[False][sl].float() - ref).norm() / ref.norm()
+                assert not torch.isnan(outs[False][sl]).any() and err < 4e-3, f"{t}: {err}"
+            else:
+                if epilogue == "row_scale":
+                    ref = ref * row_scale[sl, None]
+                check_close(outs[False][sl], ref, f"pair-order {epilogue} tile {t}")
 
 
 @pytest.mark.parametrize("bm", [8, 16, 128])

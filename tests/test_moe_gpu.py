@@ -153,6 +153,31 @@ def test_expert_parallel_mixed_ids(tiny, num_tokens):
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize("num_tokens", [1, 8, 37, 128])
+def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
+    """At decode the op runs both grouped GEMMs on the streamed 8-token tiles with pair-order
+    activations (the gather and GEMM 1's epilogue write them; kernels/kperm.py). The B
+    fragment holds the same k pairs as in the natural order, so the output is bitwise the
+    natural-order data flow's; the op itself takes the pair path and matches the reference."""
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+
+    bm = moe_cuda.choose_block_m(num_tokens * FLASH.top_k, FLASH.experts)
+    assert bm == 8 and linear_cuda.grouped_kperm(FLASH.hidden, FLASH.intermediate, bm)
+    torch.manual_seed(45 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    outs = {}
+    for kperm in (False, True):
+        _poison_allocator(2**28)
+        outs[kperm] = moe_cuda.moe_forward(
+            hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5,
+            gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm, kperm=kperm)
+    assert torch.equal(outs[True], outs[False]), "pair order differs from natural"
+    got, want = _run(FLASH, flash, hidden, ids, weights)
+    assert torch.equal(got, outs[True]), "the op did not match its pair-order data flow"
+    _check(got, want, f"v4-flash pair order T={num_tokens}")
+
+
 def test_deterministic(flash):
     """Rows inside an expert segment are placed by atomics; the output must not care."""
     torch.manual_seed(50)
