@@ -178,6 +178,54 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     _check(got, want, f"v4-flash pair order T={num_tokens}")
 
 
+@pytest.mark.parametrize("num_tokens,expert_start", [(1, 0), (8, 0), (37, 0), (8, 256)])
+def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
+    """The op launches its chain with programmatic dependent launch (moe_cuda, "Launch
+    overlap"): the streamed GEMMs read tile_expert and stream weights before waiting for the
+    previous kernel. Bitwise equal to the plainly launched chain, eagerly and over CUDA-graph
+    replays with new hidden states and new routing each time (a kernel reading a buffer too
+    early would differ). ``expert_start = 256``: no id is local, every tile is skipped and the
+    output must be exactly 0 (only CTA 0 of each GEMM waits then)."""
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+
+    bm = moe_cuda.choose_block_m(num_tokens * FLASH.top_k, FLASH.experts)
+    assert bm == 8
+    kperm = linear_cuda.grouped_kperm(FLASH.hidden, FLASH.intermediate, bm)
+    torch.manual_seed(70 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+
+    def run(pdl, h=hidden, i=ids, w=weights):
+        return moe_cuda.moe_forward(h, i, w, *flash.args(), expert_start, FLASH.swiglu_limit,
+                                    1.5, gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm,
+                                    kperm=kperm, pdl=pdl)
+
+    _poison_allocator(2**28)
+    plain = run(False)
+    _poison_allocator(2**28)
+    assert torch.equal(run(True), plain), "PDL chain differs from the plain one"
+    if expert_start:
+        assert torch.equal(plain, torch.zeros_like(plain))
+    else:
+        want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
+        _check(plain, want, f"v4-flash T={num_tokens}")
+    h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
+    run(True, h_s, i_s, w_s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_s = run(True, h_s, i_s, w_s)
+    for r in range(6):
+        torch.manual_seed(700 + r)
+        h_s.copy_(_hidden(num_tokens, FLASH.hidden))
+        new_ids, new_w = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+        i_s.copy_(new_ids)
+        w_s.copy_(new_w)
+        y_s.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs from eager"
+
+
 def test_deterministic(flash):
     """Rows inside an expert segment are placed by atomics; the output must not care."""
     torch.manual_seed(50)

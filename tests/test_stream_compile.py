@@ -103,6 +103,27 @@ def test_pair_order_drops_the_activation_prmt(epilogue, n, k, tmp_path):
     assert counts[True]["ld.global.nc.v4"] == counts[False]["ld.global.nc.v4"] > 0
 
 
+@pytest.mark.parametrize("epilogue,n,k,m_tiles", [("swiglu", 4096, 4096, 6),
+                                                   ("swiglu", 4096, 4096, 9),
+                                                   ("row_scale", 4096, 2048, 6)])
+def test_launch_overlap_waits(epilogue, n, k, m_tiles, tmp_path):
+    """``pdl``: the consumers wait for the previous grid (``griddepcontrol.wait``) and then let
+    the next one launch; a CTA without a real tile waits only if it is CTA 0 (a second wait in
+    the PTX). Without ``pdl`` neither instruction is emitted (persistent and one-item CTAs)."""
+    counts = {}
+    for pdl in (False, True):
+        cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, m_tiles, kperm=True,
+                                         pdl=pdl)
+        assert cfg.pdl == pdl and cfg.name.endswith("_pdl_sm_90a") == pdl
+        out = tmp_path / str(pdl)
+        out.mkdir()
+        w4a16_stream.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+        (ptx,) = list(out.glob("*.ptx"))
+        text = ptx.read_text()
+        counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
+    assert counts == {False: [0, 0], True: [2, 1]}
+
+
 def test_bad_configs_rejected():
     bad = [
         dict(n=4096, k=4096 + 128),  # K not a multiple of the 1024-k chunk
@@ -114,6 +135,7 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096, ctas=264, release="lag"),  # would never free an item's last stage
         dict(n=4096, k=4096, ctas=-1),
         dict(n=4096, k=4096, kperm=True),  # pair-order activations: grouped problems only
+        dict(n=4096, k=4096, pdl=True),  # launch overlap: the MoE chain's grouped GEMMs only
     ]
     for kw in bad:
         with pytest.raises(ValueError):

@@ -90,7 +90,7 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
 @functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None,
-                  kperm: bool = False):
+                  kperm: bool = False, pdl: bool = False):
     """The kernel config for a GEMM problem (static sizes only, so cached: it runs on every
     launch): the family of
     :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
@@ -101,7 +101,10 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     ``kperm`` (grouped only): the activations are in the permuted order of the family that
     serves the tile (``pair`` for the streamed 8-token tiles, ``kperm`` for the WGMMA tiles:
     :func:`nvfp4_ops.kernels.kperm.tile_layout`, which the gather follows; checked here) and a
-    SwiGLU output is written in it; see :func:`grouped_kperm`.
+    SwiGLU output is written in it; see :func:`grouped_kperm`. ``pdl`` (grouped only): the
+    call is part of the MoE chain (see :func:`grouped_w4a16_gemm`), so the streamed family may
+    overlap the previous kernel (``w4a16_stream``, "Launch overlap"); the other families
+    ignore it (a plain launch is always correct).
 
     Raises:
         ValueError: a grouped problem no family covers at ``block_m`` (see
@@ -123,11 +126,13 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                                  f"{tile_layout(block_m)!r}")
         if family == _STREAM:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,
-                                     kperm=True)
+                                     kperm=True, pdl=pdl)
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True)
     if _covers(mod, n_out, k, block_m):
-        if m_tiles is not None and ((not grouped and family == _WGMMA)
-                                    or (grouped and family == _STREAM)):
+        if grouped and family == _STREAM:
+            return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,
+                                     pdl=pdl)
+        if m_tiles is not None and not grouped and family == _WGMMA:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles)
         return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped)
     fallback = _gemm_module()
@@ -286,6 +291,7 @@ def grouped_w4a16_gemm(
     block_m: int = 16,
     kperm: bool = False,
     tile_rows: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
 
@@ -313,6 +319,12 @@ def grouped_w4a16_gemm(
             m-tile, the rest being padding whose outputs may be any function of the tile's
             rows (the streamed kernel copies the last real row's; see ``w4a16_gemm``'s module
             docstring). None = every row is real.
+        pdl: the call is GEMM 1 or 2 of the MoE chain (``moe_cuda``): ``tile_expert`` was
+            written by a kernel at least two launches back, and the previous kernel waits for
+            its own predecessor in every CTA before it lets this one launch (the gather, or
+            GEMM 1 for GEMM 2). The streamed family then overlaps the previous kernel
+            (``w4a16_stream``, "Launch overlap"). Not for other callers: a kernel that wrote
+            ``tile_expert`` just before could still be running.
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -350,7 +362,7 @@ def grouped_w4a16_gemm(
         return
     m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
-                        m_tiles, kperm)
+                        m_tiles, kperm, pdl and tile_expert is not None)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
             tile_rows)
 
@@ -455,7 +467,9 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
                 # permuted order (WGMMA, or the streamed 8-token tiles)
                 kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in reach_m_tiles(bm, grouped):
-                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm)
+                    # the MoE launches its grouped GEMMs with pdl (moe_cuda)
+                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm,
+                                        grouped)
                     seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 

@@ -30,6 +30,26 @@ lane's own checkpoint bytes without gathering them (fewer instructions per weigh
 8-token tiles (decode): every 8-block in pair order, so the activation loads are the MMA's B
 fragment without byte permutes.
 
+Launch overlap (``pdl``; the op always uses it): the gather, both GEMMs and the combine are
+launched with programmatic dependent launch, so each can be resident, and the streamed GEMMs can
+already stream weights, while the previous kernel finishes (V4-Flash T = 1 53.6 -> 49.2 us on
+H200; ``w4a16_stream``, "Launch overlap"). Why it is ordered:
+
+* every PDL-launched kernel waits (``griddepcontrol.wait``: the previous grid has completed and
+  its writes are visible) before it reads another kernel's output or writes anything, and
+  issues ``launch_dependents`` only after that wait. The gather and the combine wait in every
+  CTA; a GEMM waits in every CTA that has a real tile, and in CTA 0 always.
+* so when a kernel starts, its predecessor has passed its wait in every CTA that could let it
+  launch, hence the kernel two back has completed: the GEMMs' producers may read
+  ``tile_expert`` (written by the routing) before their own wait. Nothing else is read early,
+  and the weights are never written.
+* a kernel cannot complete before its predecessor (CTA 0 waits), so when the combine completes
+  the whole chain has, and the next (plain-launched) kernel sees every buffer settled.
+
+The routing kernel itself is launched plainly (after whatever produced ``topk_ids``) and lets
+the gather launch at once. GEMMs of other families (block_m >= 16) are launched plainly, which
+is always correct.
+
 Every buffer is allocated with torch on the current device (the caching allocator, so the graph
 pool under capture), every launch goes to the current stream, every grid comes from
 ``(T, k, E, H, I, block_m)``: no host synchronisation, so the whole op can be captured in a CUDA
@@ -108,6 +128,7 @@ def moe_forward(
     gemm: Callable,
     block_m: int | None = None,
     kperm: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
 
@@ -122,6 +143,8 @@ def moe_forward(
     GEMM family that serves ``block_m`` (:func:`nvfp4_ops.kernels.kperm.tile_layout`: ``pair``
     at 8, ``kperm`` at 16-256) and both GEMMs read them (``gemm`` then gets ``kperm=True``;
     :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
+    ``pdl``: launch overlap (module docstring, "Launch overlap"; ``gemm`` then gets
+    ``pdl=True``; the Triton kernels take it on CUDA tensors only).
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
@@ -131,9 +154,11 @@ def moe_forward(
         return torch.empty(0, hidden_size, dtype=torch.bfloat16, device=hidden.device)
     if block_m is None:
         block_m = choose_block_m(num_tokens * top_k, num_experts)
-    routing = moe_routing(topk_ids, num_experts, expert_start, block_m)
-    a, row_scale = gather_rows(hidden, topk_weights, routing, kperm)
+    routing = moe_routing(topk_ids, num_experts, expert_start, block_m, pdl=pdl)
+    a, row_scale = gather_rows(hidden, topk_weights, routing, kperm, pdl=pdl)
     extra = {"kperm": True} if kperm else {}
+    if pdl:
+        extra["pdl"] = True
     num_rows = a.shape[0]
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     # (the kernels take stride-0 fp32 views; gemm_interface)
@@ -147,7 +172,7 @@ def moe_forward(
     gemm(act, routing.tile_expert, w2, w2_scale, w2_rows, expert_out, epilogue="row_scale",
          swiglu_limit=None, row_scale=row_scale, bias=None, block_m=block_m,
          tile_rows=routing.tile_rows, **extra)
-    return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale)
+    return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
 
 
 def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
@@ -169,7 +194,7 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                        gemm=grouped_w4a16_gemm, block_m=block_m,
-                       kperm=grouped_kperm(hidden_size, inter, block_m))
+                       kperm=grouped_kperm(hidden_size, inter, block_m), pdl=True)
 
 
 def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",
@@ -192,11 +217,13 @@ def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cu
         ids = (torch.arange(num_tokens * top_k, device=device) % (num_experts + 1)).to(id_dtype)
         ids = ids.reshape(num_tokens, top_k)
         for block_m in BLOCK_MS:
-            routing = moe_routing(ids, num_experts, 0, block_m)
-            # natural, and the permuted order of this tile's family (what kperm=True writes)
-            perm_ok = hidden_size % layout_block(tile_layout(block_m)) == 0
-            for kperm in (False, True) if perm_ok else (False,):
-                a, _ = gather_rows(hidden, weights, routing, kperm)
-            combine(a, routing.slot_row, num_tokens, top_k, 1.0)
+            # plain and PDL launches (the op uses PDL; tests and tools may call either)
+            for pdl in (False, True):
+                routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl)
+                # natural, and the permuted order of this tile's family (what kperm=True writes)
+                perm_ok = hidden_size % layout_block(tile_layout(block_m)) == 0
+                for kperm in (False, True) if perm_ok else (False,):
+                    a, _ = gather_rows(hidden, weights, routing, kperm, pdl=pdl)
+                combine(a, routing.slot_row, num_tokens, top_k, 1.0, pdl=pdl)
             names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{id_dtype}")
     return names

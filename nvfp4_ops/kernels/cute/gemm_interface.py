@@ -133,7 +133,9 @@ class DirectLaunch:
     ``launch_smem`` bytes of dynamic shared memory, on the given stream. Subclasses set
     ``cfg`` (with ``n_out``, ``block_m``), ``features_per_cta``, ``threads``, ``launch_smem``
     and define the ``@cute.kernel`` method ``kernel``; a persistent kernel overrides
-    :meth:`grid`."""
+    :meth:`grid`. A config with a true ``pdl`` field is launched with programmatic dependent
+    launch (its kernel must then call ``griddepcontrol.wait`` before reading what the previous
+    kernel wrote)."""
 
     def grid(self, grid_n, grid_m):
         """Launch grid for ``grid_n`` feature tiles x ``grid_m`` token tiles (plain Python,
@@ -166,6 +168,7 @@ class DirectLaunch:
             block=[self.threads, 1, 1],
             smem=self.launch_smem,
             stream=stream,
+            use_pdl=bool(getattr(cfg, "pdl", 0)),
         )
 
 

@@ -76,6 +76,19 @@ token tile). A ``swiglu`` output is then written in the same order (it is GEMM 2
 feature ``f`` at column ``8 (f // 8) + pair_dst(f % 8)``; ``none`` / ``row_scale`` outputs stay
 natural.
 
+Launch overlap (``pdl``, grouped only: the MoE chain). The kernel is launched with programmatic
+dependent launch, so it can start while the previous kernel on the stream (the MoE gather, or
+GEMM 1 for GEMM 2) is still running. The producer warp then reads ``tile_expert`` and streams
+its first stages of weights at once; the consumer warps execute ``griddepcontrol.wait`` before
+they read ``tile_rows``, the activations or the row scales or write anything, and thread 0 then
+lets the next kernel launch (``griddepcontrol.launch_dependents``). Reading ``tile_expert``
+early is safe only because it was written two kernels back: the routing kernel precedes the
+gather, whose every CTA waits for the routing before it lets this kernel launch (the ordering
+argument is in ``moe_cuda``'s docstring). A CTA with no real tile does not wait, except CTA 0
+(with tile 0 always real when any is), so the grid cannot complete before the previous one.
+H200, V4-Flash whole op (benchmarks/results/h200_2026-12-01_s5/pdl/): T = 1 53.6 -> 49.2 us,
+T = 8 261.0 -> 254.7, T = 32 -0.8 %, T = 128 within noise.
+
 Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
 with the token clamped to ``P - 1`` so no row past ``P`` is read.
 
@@ -197,6 +210,9 @@ class StreamConfig(GemmProblem):
     #: fragment is the loaded words, no ``prmt``), and a SwiGLU output written in that order
     #: too (the MoE's GEMM 1 feeds GEMM 2); grouped problems only
     kperm: bool = False
+    #: programmatic dependent launch, the producer streaming weights before the previous
+    #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
+    pdl: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -218,6 +234,8 @@ class StreamConfig(GemmProblem):
             raise ValueError(f"stages must be in [2, 8], got {self.stages}")
         if not 1 <= self.warps_k <= 8:
             raise ValueError(f"warps_k must be in [1, 8], got {self.warps_k}")
+        if self.pdl and not self.grouped:
+            raise ValueError("pdl (launch overlap) is for grouped problems only")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0, got {self.ctas}")
         if self.ctas and self.release != "fence":
@@ -277,7 +295,8 @@ class StreamConfig(GemmProblem):
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"_{self.release}{'_inv' if self.inval else ''}"
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
-            f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}_{self.arch}"
+            f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
+            f"{'_pdl' if self.pdl else ''}_{self.arch}"
         )
 
 
@@ -302,10 +321,12 @@ def choose_config(
     grouped: bool = False,
     m_tiles: int | None = None,
     kperm: bool = False,
+    pdl: bool = False,
 ) -> StreamConfig:
     """The config for a problem: a pure function of static sizes, ``block_m`` and (grouped
     only) ``m_tiles``, the static number of token tiles (the MoE's padded rows / ``block_m``).
     ``kperm`` (grouped only): pair-order activations (:class:`StreamConfig`), same tiles.
+    ``pdl`` (grouped only): launch overlap (module docstring), same tiles.
 
     From the H200 sweep (benchmarks/results/stream_dev_h200.txt, run 3; CUDA-graph replay, cold
     L2). What counts is resident CTAs per SM (shared memory per CTA) and 1 KB+ chunks:
@@ -348,7 +369,7 @@ def choose_config(
         if k % (128 * warps_k * steps) == 0:
             return StreamConfig(n, k, epilogue, has_bias, grouped, block_m, row_groups=1,
                                 warps_k=warps_k, steps=steps, stages=stages, release=release,
-                                ctas=ctas, kperm=kperm)
+                                ctas=ctas, kperm=kperm, pdl=pdl)
     raise AssertionError("unreachable: K % 256 == 0")
 
 
@@ -468,19 +489,20 @@ class W4A16StreamGemm(DirectLaunch):
         red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
         sbase = pipe.toint()
         acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
-        io = (a, w, w_scale, w_global, out, row_scale, bias, swiglu_limit, red, acc)
+        io = (a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc)
 
         if const_expr(cfg.ctas == 0):
             expert = Int32(0)
-            real = Int32(cfg.block_m)
             if const_expr(cfg.grouped):
                 expert = tile_expert[bidy]
             if expert >= 0:
-                if const_expr(cfg.grouped):
-                    real = tile_rows[bidy]
                 self.init_barriers(tidx, sbase)
-                self.item(io, tidx, sbase, bidx, bidy, expert, real, 0)
+                self.item(io, tidx, sbase, bidx, bidy, expert, 0)
                 self.finish(tidx, sbase)
+            elif const_expr(cfg.pdl):
+                # this kernel must not complete before the previous one ("Launch overlap")
+                if bidx + bidy == 0:
+                    cute.arch.griddepcontrol_wait()
         else:
             # persistent: work item i = (feature tile i % n_tiles, token tile i // n_tiles);
             # every role walks the same items, so both count the same pipeline chunks
@@ -492,14 +514,14 @@ class W4A16StreamGemm(DirectLaunch):
             for i in cutlass.range(bidx, n_items, gdim, unroll=1):
                 ty = i // n_tiles
                 expert = Int32(0)
-                real = Int32(cfg.block_m)
                 if const_expr(cfg.grouped):
                     expert = tile_expert[ty]
                 if expert >= 0:
-                    if const_expr(cfg.grouped):
-                        real = tile_rows[ty]
-                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, real, done)
+                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, done)
                     done = done + self.chunks
+            if const_expr(cfg.pdl):
+                if bidx == 0:  # as above, for a CTA that got no real item
+                    cute.arch.griddepcontrol_wait()
             self.finish(tidx, sbase)
 
     @cute.jit
@@ -522,12 +544,13 @@ class W4A16StreamGemm(DirectLaunch):
                     _mbar_inval(sbase + 64 + 8 * s)
 
     @cute.jit
-    def item(self, io, tidx, sbase, tile_n, tile_m, expert, real, done):
+    def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
         """One work item: feature tile ``tile_n`` x token tile ``tile_m`` of group ``expert``
-        whose first ``real`` rows are real tokens (module docstring, "Padding rows"); its K
-        chunks are pipeline chunks ``done .. done + chunks - 1`` of this CTA."""
+        (grouped: its first ``tile_rows[tile_m]`` rows are real tokens, module docstring,
+        "Padding rows"); its K chunks are pipeline chunks ``done .. done + chunks - 1`` of this
+        CTA."""
         cfg = self.cfg
-        a, w, w_scale, w_global, out, row_scale, bias, swiglu_limit, red, acc = io
+        a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc = io
         warp = tidx // 32
         lane = tidx % 32
         num_rows = a.shape[0]
@@ -537,6 +560,14 @@ class W4A16StreamGemm(DirectLaunch):
         if warp == cfg.warps_k:
             self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
+            if const_expr(cfg.pdl):
+                # the activations, tile_rows and row scales come from earlier kernels
+                cute.arch.griddepcontrol_wait()
+                if tidx == 0:
+                    cute.arch.griddepcontrol_launch_dependents()
+            real = Int32(cfg.block_m)
+            if const_expr(cfg.grouped):
+                real = tile_rows[tile_m]
             acc.fill(0.0)
             self.consumer(acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done)
             # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in

@@ -15,12 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
+from nvfp4_ops.kernels.triton import _pdl
+
 __all__ = ["combine"]
 
 
 @triton.jit
 def _combine_kernel(y_ptr, slot_row_ptr, out_ptr, output_scale,
-                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                    PDL: tl.constexpr):
+    if PDL:
+        _pdl.gdc_wait()
+        _pdl.gdc_launch_dependents()
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < HIDDEN
@@ -35,7 +41,7 @@ def _combine_kernel(y_ptr, slot_row_ptr, out_ptr, output_scale,
 
 
 def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int,
-            output_scale: float) -> torch.Tensor:
+            output_scale: float, pdl: bool = False) -> torch.Tensor:
     """Sum each token's ``k`` expert rows (see module docstring).
 
     Args:
@@ -43,6 +49,7 @@ def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int
         slot_row: ``int32 [T * k]``, row of each slot or -1.
         num_tokens: ``T``; top_k: ``k``.
         output_scale: multiplier applied to the fp32 sum before the bf16 rounding.
+        pdl: launch with programmatic dependent launch (:mod:`._pdl`; CUDA only).
 
     Returns:
         ``bf16 [T, H]``.
@@ -54,5 +61,6 @@ def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int
     block_h = min(1024, triton.next_power_of_2(hidden_size))
     grid = (num_tokens, triton.cdiv(hidden_size, block_h))
     _combine_kernel[grid](y, slot_row, out, float(output_scale),
-                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_H=block_h)
+                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_H=block_h,
+                          PDL=bool(pdl and y.is_cuda), **_pdl.launch_kwargs(pdl and y.is_cuda))
     return out

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from nvfp4_ops.kernels.kperm import NATURAL, layout_block, tile_layout
+from nvfp4_ops.kernels.triton import _pdl
 
 __all__ = [
     "MoERouting",
@@ -176,9 +177,12 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
                           expert_start, num_experts,
                           num_rows, num_tiles,
                           E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
     """All of the routing in one CTA (small N: decode): zero counts, count, scan, place, with
-    CTA barriers between the phases (a barrier orders this CTA's global accesses)."""
+    CTA barriers between the phases (a barrier orders this CTA's global accesses). ``PDL``:
+    let the gather launch now (it waits for this kernel before reading anything)."""
+    if PDL:
+        _pdl.gdc_launch_dependents()
     counts_ptr = scratch_ptr
     cursor_ptr = scratch_ptr + E_PAD
     tl.store(counts_ptr + tl.arange(0, E_PAD), tl.zeros([E_PAD], dtype=tl.int32))
@@ -208,7 +212,10 @@ def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_
 def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr, a_ptr,
                    row_scale_ptr, num_slots,
                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_H: tl.constexpr, PERM_ROWS: tl.constexpr):
+                   BLOCK_H: tl.constexpr, PERM_ROWS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl.gdc_wait()
+        _pdl.gdc_launch_dependents()
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
     if tl.load(tile_expert_ptr + tile) >= 0:
@@ -235,7 +242,7 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
 
 
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
-                block_m: int) -> MoERouting:
+                block_m: int, pdl: bool = False) -> MoERouting:
     """Expert-grouped, padded row layout for ``topk_ids`` (see the module docstring).
 
     Args:
@@ -245,6 +252,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         num_experts: local experts ``E``.
         expert_start: first global id owned here.
         block_m: tile rows; every segment is padded to a multiple of it.
+        pdl: the single-CTA kernel (decode) lets the next kernel launch early (:mod:`._pdl`).
 
     Returns:
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
@@ -267,7 +275,8 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                                     num_experts, num_rows,
                                     num_tiles, E_PAD=e_pad, BLOCK_M=block_m,
                                     FILL_BLOCK=_FILL_BLOCK,
-                                    BLOCK=_COUNT_BLOCK, num_warps=8)
+                                    BLOCK=_COUNT_BLOCK, PDL=bool(pdl and ids.is_cuda),
+                                    num_warps=8)
         return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
                           tile_rows)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
@@ -285,7 +294,8 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
-                kperm: bool | str = False) -> tuple[torch.Tensor, torch.Tensor]:
+                kperm: bool | str = False, pdl: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
 
     Args:
@@ -298,6 +308,7 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
             reads with ``kperm=True``), or a layout name of
             :data:`nvfp4_ops.kernels.kperm.LAYOUTS` (``H`` a multiple of its block: 32 for
             ``kperm``, 8 for ``pair``).
+        pdl: launch with programmatic dependent launch (:mod:`._pdl`; CUDA only).
 
     Returns:
         ``a bf16 [P, H]`` (token rows, zeros in padding rows) and ``row_scale f32 [P]``
@@ -327,5 +338,7 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
     _gather_kernel[grid](hidden, topk_weights, routing.sorted_slots, routing.tile_expert, a,
                          row_scale, num_tokens * top_k,
                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h,
-                         PERM_ROWS=block // 4 if block > 1 else 0)
+                         PERM_ROWS=block // 4 if block > 1 else 0,
+                         PDL=bool(pdl and hidden.is_cuda),
+                         **_pdl.launch_kwargs(pdl and hidden.is_cuda))
     return a, row_scale

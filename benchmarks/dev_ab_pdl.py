@@ -1,0 +1,120 @@
+"""A/B helper (diagnostics, needs a GPU): the MoE with programmatic dependent launch (PDL)
+off / on, in one process.
+
+``pdl`` modes of ``moe_cuda.moe_forward`` (``StreamConfig.pdl`` for the 8-token streamed GEMMs;
+the Triton gather and combine are PDL-launched in modes 1 and 2, the routing kernel lets the
+gather launch early): 0 = off, 1 = every GEMM thread waits for the previous kernel first,
+2 = the GEMM's producer warp streams weights before that wait.
+
+For each ``T``: a correctness pass first (every mode bitwise equal to mode 0 and close to
+``moe_reference``; then one CUDA graph per mode captured once and replayed ``--replays`` times
+with new hidden states and new routing copied in, each replay bitwise equal to eager mode 0),
+then the whole op timed as its own CUDA graph with L2 flushed before every replay
+(``bench_moe.time_graph``), modes alternating for ``--rounds`` rounds; median µs.
+
+Usage: ``python benchmarks/dev_ab_pdl.py [--shape v4-flash] [--tokens 1 8 32 128 512]
+[--reps 30] [--rounds 3] [--replays 10] [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODES = (0, 1, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="v4-flash")
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 512])
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import bench_moe
+    import triton
+
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    from nvfp4_ops.kernels.triton import _pdl
+    from nvfp4_ops.reference import moe_reference
+    from nvfp4_ops.testing import random_routing, rel_l2
+
+    shape = get_shape(args.shape)
+    experts = bench_moe.fast_random_experts(shape, "cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    print(f"{shape.name}: {torch.cuda.get_device_name()}, triton {triton.__version__} (PDL "
+          f"wrappers: {_pdl.SUPPORTED}), reps {args.reps}, rounds {args.rounds}", flush=True)
+    lines = []
+    for num_tokens in args.tokens:
+        bm = moe_cuda.choose_block_m(num_tokens * shape.top_k, shape.experts)
+        kperm = linear_cuda.grouped_kperm(shape.hidden, shape.intermediate, bm)
+        torch.manual_seed(11 + num_tokens)
+        hidden = torch.randn(num_tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device="cuda")
+
+        def run(mode, h=hidden, i=ids, w=weights, bm=bm, kperm=kperm):
+            return moe_cuda.moe_forward(h, i, w, *experts, 0, shape.swiglu_limit, 1.0,
+                                        gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm,
+                                        kperm=kperm, pdl=mode)
+
+        base = run(0)
+        want = moe_reference(hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0)
+        err = rel_l2(base, want)
+        ok = err < 4e-3
+        for mode in MODES[1:]:
+            ok = ok and torch.equal(run(mode), base)
+        # graph replay with new inputs and new routing, each replay against eager mode 0
+        replay_ok = {}
+        for mode in MODES:
+            h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
+            run(mode, h_s, i_s, w_s)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y_s = run(mode, h_s, i_s, w_s)
+            good = True
+            for r in range(args.replays):
+                torch.manual_seed(1000 * mode + r)
+                h_s.copy_(torch.randn_like(hidden, dtype=torch.float32).to(torch.bfloat16))
+                new_ids, new_w = random_routing(num_tokens, shape.experts, shape.top_k,
+                                                device="cuda")
+                i_s.copy_(new_ids)
+                w_s.copy_(new_w)
+                graph.replay()
+                good = good and torch.equal(y_s, run(0, h_s, i_s, w_s))
+            replay_ok[mode] = good
+        if not ok or not all(replay_ok.values()):
+            print(f"T={num_tokens}: CHECK FAILED (modes equal and rel L2 {err:.2e}: {ok}; "
+                  f"graph replays equal eager: {replay_ok})", flush=True)
+            return 1
+        times: dict[int, list[float]] = {m: [] for m in MODES}
+        for _ in range(args.rounds):
+            for mode in MODES:
+                times[mode].append(bench_moe.time_graph(lambda m=mode: run(m), args.reps, 2,
+                                                        flush))
+        med = {m: statistics.median(v) for m, v in times.items()}
+        print(f"T={num_tokens} block_m={bm}: checked (rel L2 {err:.2e}, {args.replays} graph "
+              f"replays per mode with new routing)  " + "  ".join(
+                  f"pdl{m} {med[m]:.1f} us ({med[m] / med[0]:.3f})" for m in MODES), flush=True)
+        lines.append({"shape": shape.name, "T": num_tokens, "block_m": bm, "rel_l2": err,
+                      "us": med, "rounds": times})
+    if args.out:
+        args.out.write_text(json.dumps(lines, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
