@@ -1,14 +1,15 @@
 """A/B helper (diagnostics, needs a GPU): the MoE with programmatic dependent launch (PDL)
 off / on, in one process.
 
-``pdl`` modes of ``moe_cuda.moe_forward`` (``StreamConfig.pdl`` for the 8-token streamed GEMMs;
-the Triton gather and combine are PDL-launched in modes 1 and 2, the routing kernel lets the
-gather launch early): 0 = off, 1 = every GEMM thread waits for the previous kernel first,
-2 = the GEMM's producer warp streams weights before that wait.
+``pdl`` of ``moe_cuda.moe_forward``: off (plain launches), or on (``StreamConfig.pdl`` for the
+8-token streamed GEMMs, whose producer warps stream weights before waiting for the previous
+kernel; the Triton gather and combine are PDL-launched and the routing kernel lets the gather
+launch early). The session-5 results (benchmarks/results/h200_2026-12-01_s5/pdl/) were taken
+with an earlier three-mode version that also had "every GEMM thread waits first".
 
-For each ``T``: a correctness pass first (every mode bitwise equal to mode 0 and close to
+For each ``T``: a correctness pass first (on bitwise equal to off and close to
 ``moe_reference``; then one CUDA graph per mode captured once and replayed ``--replays`` times
-with new hidden states and new routing copied in, each replay bitwise equal to eager mode 0),
+with new hidden states and new routing copied in, each replay bitwise equal to eager off),
 then the whole op timed as its own CUDA graph with L2 flushed before every replay
 (``bench_moe.time_graph``), modes alternating for ``--rounds`` rounds; median µs.
 
@@ -28,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODES = (0, 1, 2)
+MODES = (False, True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                                         gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm,
                                         kperm=kperm, pdl=mode)
 
-        base = run(0)
+        base = run(False)
         want = moe_reference(hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0)
         err = rel_l2(base, want)
         ok = err < 4e-3
         for mode in MODES[1:]:
             ok = ok and torch.equal(run(mode), base)
-        # graph replay with new inputs and new routing, each replay against eager mode 0
+        # graph replay with new inputs and new routing, each replay against eager plain launches
         replay_ok = {}
         for mode in MODES:
             h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
@@ -87,20 +88,20 @@ def main(argv: list[str] | None = None) -> int:
                 y_s = run(mode, h_s, i_s, w_s)
             good = True
             for r in range(args.replays):
-                torch.manual_seed(1000 * mode + r)
+                torch.manual_seed(1000 * int(mode) + r)
                 h_s.copy_(torch.randn_like(hidden, dtype=torch.float32).to(torch.bfloat16))
                 new_ids, new_w = random_routing(num_tokens, shape.experts, shape.top_k,
                                                 device="cuda")
                 i_s.copy_(new_ids)
                 w_s.copy_(new_w)
                 graph.replay()
-                good = good and torch.equal(y_s, run(0, h_s, i_s, w_s))
+                good = good and torch.equal(y_s, run(False, h_s, i_s, w_s))
             replay_ok[mode] = good
         if not ok or not all(replay_ok.values()):
             print(f"T={num_tokens}: CHECK FAILED (modes equal and rel L2 {err:.2e}: {ok}; "
                   f"graph replays equal eager: {replay_ok})", flush=True)
             return 1
-        times: dict[int, list[float]] = {m: [] for m in MODES}
+        times: dict[bool, list[float]] = {m: [] for m in MODES}
         for _ in range(args.rounds):
             for mode in MODES:
                 times[mode].append(bench_moe.time_graph(lambda m=mode: run(m), args.reps, 2,
@@ -108,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         med = {m: statistics.median(v) for m, v in times.items()}
         print(f"T={num_tokens} block_m={bm}: checked (rel L2 {err:.2e}, {args.replays} graph "
               f"replays per mode with new routing)  " + "  ".join(
-                  f"pdl{m} {med[m]:.1f} us ({med[m] / med[0]:.3f})" for m in MODES), flush=True)
+                  f"pdl {'on' if m else 'off'} {med[m]:.1f} us ({med[m] / med[False]:.3f})"
+                  for m in MODES), flush=True)
         lines.append({"shape": shape.name, "T": num_tokens, "block_m": bm, "rel_l2": err,
-                      "us": med, "rounds": times})
+                      "us": {str(m): v for m, v in med.items()},
+                      "rounds": {str(m): v for m, v in times.items()}})
     if args.out:
         args.out.write_text(json.dumps(lines, indent=1))
     return 0
