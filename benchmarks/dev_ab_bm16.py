@@ -1,0 +1,105 @@
+"""A/B helper (diagnostics, needs a GPU): MoE tiles of 16 tokens on the streamed decode kernel
+(pair-order activations, ``tile_rows``, launch overlap) instead of the WGMMA kernel that
+:func:`nvfp4_ops.kernels.linear_cuda._family` picks for them (V4-Flash T ~ 350-680: the mean
+rows per expert is 9-16).
+
+For each ``T``: the whole op (``moe_cuda.moe_forward``) with the chosen dispatch vs the same
+data flow with both grouped GEMMs on streamed 16-token configs (the gather writes the pair order;
+``--variants`` tile shapes for the streamed GEMMs besides ``choose_config``'s). Checked first
+against ``moe_reference`` (rel L2 < 4e-3, both); timed as CUDA graphs, L2 flushed before every
+replay, alternating rounds; median µs.
+
+Usage: ``python benchmarks/dev_ab_bm16.py [--tokens 384 512 640] [--reps 20] [--rounds 3]
+[--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: (gate/up (warps_k, steps, stages), down (warps_k, steps, stages)) next to choose_config's
+VARIANTS = [((4, 2, 2), (4, 2, 2)), ((2, 2, 2), (2, 2, 2)), ((4, 1, 3), (2, 2, 3))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[384, 512, 640])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import bench_moe
+
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops.kernels.cute import w4a16_stream as S
+    from nvfp4_ops.reference import moe_reference
+    from nvfp4_ops.testing import random_routing, rel_l2
+
+    shape = get_shape("v4-flash")
+    experts = bench_moe.fast_random_experts(shape, "cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+    def stream_gemm(shapes):
+        def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
+                 row_scale, bias, block_m, tile_rows, kperm=False, pdl=False):
+            n, k = w.shape[1], a.shape[1]
+            cfg = S.choose_config(n, k, 16, epilogue, False, True, 9, kperm=True, pdl=pdl)
+            if shapes is not None:
+                wk, u, st = shapes[0] if epilogue == "swiglu" else shapes[1]
+                cfg = dataclasses.replace(cfg, warps_k=wk, steps=u, stages=st)
+            L._launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale,
+                      bias, tile_rows)
+        return gemm
+
+    lines = []
+    for t in args.tokens:
+        bm = moe_cuda.choose_block_m(t * shape.top_k, shape.experts)
+        torch.manual_seed(3 + t)
+        hidden = torch.randn(t, shape.hidden, device="cuda").to(torch.bfloat16)
+        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        want = moe_reference(hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0)
+        kperm = L.grouped_kperm(shape.hidden, shape.intermediate, bm)
+        runs = {f"chosen bm{bm}": (L.grouped_w4a16_gemm, bm, kperm)}
+        for shapes in [None] + VARIANTS:
+            name = "stream bm16 " + ("choose_config" if shapes is None else str(shapes))
+            runs[name] = (stream_gemm(shapes), 16, "pair")
+        runs = {name: (lambda g=g, b=b, kp=kp, h=hidden, i=ids, w=weights: moe_cuda.moe_forward(
+                    h, i, w, *experts, 0, shape.swiglu_limit, 1.0, gemm=g, block_m=b,
+                    kperm=kp, pdl=True))
+                for name, (g, b, kp) in runs.items()}
+        for name, fn in runs.items():
+            err = rel_l2(fn(), want)
+            if not err < 4e-3:
+                print(f"T={t} {name}: CHECK FAILED rel L2 {err:.2e}")
+                return 1
+        times = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, fn in runs.items():
+                times[name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        first = next(iter(med.values()))
+        print(f"T={t} (checked vs reference)", flush=True)
+        for name, us in med.items():
+            print(f"  {name:44s} {us:9.1f} us  {first / us:6.3f}x", flush=True)
+        lines.append({"T": t, "us": med})
+    if args.out:
+        args.out.write_text(json.dumps(lines, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
