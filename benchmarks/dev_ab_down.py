@@ -1,0 +1,114 @@
+"""A/B helper (diagnostics, needs a GPU): tile shapes of the MoE's decode down GEMM (GEMM 2,
+8-token streamed tiles) measured inside the whole op, launch overlap on (the op's setting), so a
+config that overlaps GEMM 1 better counts.
+
+For each ``T``: ``moe_cuda.moe_forward`` as the op runs it, then with GEMM 2 on each variant of
+:data:`VARIANTS` (``StreamConfig`` fields replaced on ``choose_config``'s; GEMM 1 unchanged).
+Every variant's output is checked against the chosen one first (bitwise when ``warps_k`` is the
+same, else rel L2 < 1e-3), then the whole op is timed as a CUDA graph, L2 flushed before every
+replay, variants alternating for ``--rounds`` rounds; median µs.
+
+Usage: ``python benchmarks/dev_ab_down.py [--tokens 1 8] [--reps 30] [--rounds 3]
+[--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: StreamConfig fields for GEMM 2 (``ctas`` = persistent CTAs)
+VARIANTS = [dict(warps_k=4, steps=2, stages=2, ctas=792), dict(warps_k=4, steps=2, stages=3,
+                                                                ctas=528),
+            dict(warps_k=2, steps=2, stages=2, ctas=792), dict(warps_k=2, steps=2, stages=2,
+                                                               rows8=True),
+            dict(warps_k=4, steps=2, stages=2), dict(warps_k=2, steps=1, stages=4),
+            dict(warps_k=4, steps=1, stages=3)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import bench_moe
+
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops.testing import random_routing, rel_l2
+
+    shape = get_shape("v4-flash")
+    experts = bench_moe.fast_random_experts(shape, "cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+    def gemm_with(down):
+        def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
+                 row_scale, bias, block_m, tile_rows, kperm=False, pdl=False):
+            if epilogue != "row_scale" or down is None:
+                return L.grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out,
+                                            epilogue=epilogue, swiglu_limit=swiglu_limit,
+                                            row_scale=row_scale, bias=bias, block_m=block_m,
+                                            tile_rows=tile_rows, kperm=kperm, pdl=pdl)
+            n, k = w.shape[1], a.shape[1]
+            m_tiles = min(a.shape[0] // block_m, L._m_tiles_cap(True))
+            cfg = L.choose_config(n, k, block_m, epilogue, False, True, m_tiles, kperm, pdl)
+            cfg = dataclasses.replace(cfg, **down)
+            L._launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale,
+                      bias, tile_rows)
+        return gemm
+
+    lines = []
+    for t in args.tokens:
+        bm = moe_cuda.choose_block_m(t * shape.top_k, shape.experts)
+        kperm = L.grouped_kperm(shape.hidden, shape.intermediate, bm)
+        torch.manual_seed(9 + t)
+        hidden = torch.randn(t, shape.hidden, device="cuda").to(torch.bfloat16)
+        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        def whole(g, b=bm, kp=kperm, h=hidden, i=ids, w=weights):
+            return lambda: moe_cuda.moe_forward(h, i, w, *experts, 0, shape.swiglu_limit, 1.0,
+                                                gemm=g, block_m=b, kperm=kp, pdl=True)
+
+        runs, exact = {}, {}
+        for down in [None] + VARIANTS:
+            name = "chosen" if down is None else ",".join(f"{k}={v}" for k, v in down.items())
+            runs[name] = whole(gemm_with(down))
+            # the same consumer warps take the same k steps: bitwise equal
+            exact[name] = down is None or (down.get("warps_k") == 2 and not down.get("rows8"))
+        ref = runs["chosen"]()
+        for name, fn in runs.items():
+            got = fn()
+            same_split = exact[name]
+            ok = torch.equal(got, ref) if same_split else rel_l2(got, ref) < 1e-3
+            if not ok:
+                print(f"T={t} {name}: DIFFERS from the chosen config")
+                return 1
+        times = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, fn in runs.items():
+                times[name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        print(f"T={t} block_m={bm} (checked against the chosen GEMM 2)", flush=True)
+        for name, us in med.items():
+            print(f"  {name:52s} {us:8.1f} us  {med['chosen'] / us:6.3f}x", flush=True)
+        lines.append({"T": t, "us": med})
+    if args.out:
+        args.out.write_text(json.dumps(lines, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
