@@ -244,6 +244,8 @@ DENSE_TILES = {
     128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5},
     256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
 }
+#: grouped ``block_m`` -> ring stages of the one-row-warpgroup tile (:func:`choose_config`)
+GROUPED_SMALL_TILES = {16: 4, 32: 4}
 #: ``m_tiles`` above this are treated as this (bounds the set of configs a dispatch can reach).
 #: Unclamped, the estimate picks ``row_wgs=2, split_k=1`` for every m_tiles in 11-128 at the
 #: V4 shared-expert shapes and the three benchmark shapes (checked on the CPU), the tile the
@@ -265,9 +267,16 @@ def choose_config(
     dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
     call).
 
-    Grouped problems (``P`` unknown when choosing) and dense tiles of 16-64 tokens: two row
-    warpgroups share each activation tile (half the shared-memory traffic per weight row) when
-    the output has enough features for them; one otherwise.
+    Grouped tiles of 16 and 32 tokens (the MoE at a mean of 9-32 rows per expert): one row
+    warpgroup per CTA and a 4-stage ring (twice the CTAs of two warpgroups, and less shared
+    memory each). H200, V4-Flash in the MoE's conditions (benchmarks/results/
+    h200_2026-12-01_s5/wgmma_tiles/, two runs): T = 512 (block_m 16) gate/up 1117 -> 1012-1043
+    us, down 531-540 -> 523-525; T = 1024 (block_m 32) gate/up 1325 -> 1209, down 638 -> 572
+    (3 stages: gate/up 1027-1154, down 530-586; 2 stages 15-20 % slower than two warpgroups).
+
+    Other grouped problems (``P`` unknown when choosing) and dense tiles of 16-64 tokens: two
+    row warpgroups share each activation tile (half the shared-memory traffic per weight row)
+    when the output has enough features for them; one otherwise.
 
     Dense ``block_m`` 128 / 256 with ``m_tiles`` given: the tile shape of :data:`DENSE_TILES`
     with the least estimated time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput``, i.e.
@@ -280,6 +289,9 @@ def choose_config(
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
+    if grouped and block_m in GROUPED_SMALL_TILES:
+        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, 1, 1,
+                           GROUPED_SMALL_TILES[block_m], kperm=kperm)
     if grouped or m_tiles is None or block_m not in DENSE_TILES:
         row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
         return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1,
