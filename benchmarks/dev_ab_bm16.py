@@ -15,43 +15,31 @@ Usage: ``python benchmarks/dev_ab_bm16.py [--tokens 384 512 640] [--reps 20] [--
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 #: (gate/up (warps_k, steps, stages), down (warps_k, steps, stages)) next to choose_config's
 VARIANTS = [((4, 2, 2), (4, 2, 2)), ((2, 2, 2), (2, 2, 2)), ((4, 1, 3), (2, 2, 3))]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[384, 512, 640])
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    args = _ab.parser(__doc__, tokens=[384, 512, 640], reps=20).parse_args(argv)
+    setup = _ab.gpu_setup()
+    if setup is None:
         return 2
-    import bench_moe
-
-    from nvfp4_ops import get_shape
+    _, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.kernels.cute import w4a16_stream as S
     from nvfp4_ops.reference import moe_reference
     from nvfp4_ops.testing import random_routing, rel_l2
-
-    shape = get_shape("v4-flash")
-    experts = bench_moe.fast_random_experts(shape, "cuda")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
 
     def stream_gemm(shapes):
         def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
@@ -86,11 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             if not err < 4e-3:
                 print(f"T={t} {name}: CHECK FAILED rel L2 {err:.2e}")
                 return 1
-        times = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, fn in runs.items():
-                times[name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
-        med = {name: statistics.median(v) for name, v in times.items()}
+        med, _ = _ab.alternate(runs, args.rounds, args.reps, flush)
         first = next(iter(med.values()))
         print(f"T={t} (checked vs reference)", flush=True)
         for name, us in med.items():

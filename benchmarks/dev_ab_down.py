@@ -14,16 +14,15 @@ Usage: ``python benchmarks/dev_ab_down.py [--tokens 1 8] [--reps 30] [--rounds 3
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 #: StreamConfig fields for GEMM 2 (``ctas`` = persistent CTAs)
 VARIANTS = [dict(warps_k=4, steps=2, stages=2, ctas=792), dict(warps_k=4, steps=2, stages=3,
@@ -35,25 +34,14 @@ VARIANTS = [dict(warps_k=4, steps=2, stages=2, ctas=792), dict(warps_k=4, steps=
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    args = _ab.parser(__doc__, tokens=[1, 8], reps=30).parse_args(argv)
+    setup = _ab.gpu_setup()
+    if setup is None:
         return 2
-    import bench_moe
-
-    from nvfp4_ops import get_shape
+    _, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.testing import random_routing, rel_l2
-
-    shape = get_shape("v4-flash")
-    experts = bench_moe.fast_random_experts(shape, "cuda")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
 
     def gemm_with(down):
         def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
@@ -96,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 print(f"T={t} {name}: DIFFERS from the chosen config")
                 return 1
-        times = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, fn in runs.items():
-                times[name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
-        med = {name: statistics.median(v) for name, v in times.items()}
+        med, _ = _ab.alternate(runs, args.rounds, args.reps, flush)
         print(f"T={t} block_m={bm} (checked against the chosen GEMM 2)", flush=True)
         for name, us in med.items():
             print(f"  {name:52s} {us:8.1f} us  {med['chosen'] / us:6.3f}x", flush=True)

@@ -17,15 +17,14 @@ Usage: ``python benchmarks/dev_ab_pairs.py [--shape v4-flash] [--tokens 1 8 32 1
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 LAYOUTS = ("natural", "pair")
 
@@ -63,26 +62,17 @@ def _stages(shape, experts, hidden, ids, weights, bm: int, kperm: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _ab.parser(__doc__, tokens=[1, 8, 32, 128], reps=30)
     parser.add_argument("--shape", default="v4-flash")
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128])
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    setup = _ab.gpu_setup(args.shape)
+    if setup is None:
         return 2
-    import bench_moe
-
-    from nvfp4_ops import get_shape
+    _, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
     from nvfp4_ops.reference import moe_reference
     from nvfp4_ops.testing import random_routing, rel_l2
 
-    shape = get_shape(args.shape)
-    experts = bench_moe.fast_random_experts(shape, "cuda")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     print(f"{shape.name}: {torch.cuda.get_device_name()}, reps {args.reps}, rounds "
           f"{args.rounds}", flush=True)
     lines = []
@@ -103,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"T={num_tokens}: CHECK FAILED (bitwise equal: "
                   f"{torch.equal(outs['natural'], outs['pair'])}, rel L2 {err:.2e})")
             return 1
+        flat, flat_rounds = _ab.alternate(
+            {(layout, name): fn for layout in LAYOUTS for name, fn in stages[layout].items()},
+            args.rounds, args.reps, flush)
+        med: dict[str, dict[str, float]] = {layout: {} for layout in LAYOUTS}
         times: dict[str, dict[str, list[float]]] = {layout: {} for layout in LAYOUTS}
-        for _ in range(args.rounds):
-            for layout in LAYOUTS:
-                for name, fn in stages[layout].items():
-                    us = bench_moe.time_graph(fn, args.reps, 2, flush)
-                    times[layout].setdefault(name, []).append(us)
-        med = {layout: {name: statistics.median(v) for name, v in times[layout].items()}
-               for layout in LAYOUTS}
+        for (layout, name), us in flat.items():
+            med[layout][name] = us
+            times[layout][name] = flat_rounds[(layout, name)]
         print(f"T={num_tokens} block_m={bm} (checked: bitwise equal, rel L2 {err:.2e})")
         print(f"  {'stage':16s} {'natural us':>11s} {'pair us':>9s} {'pair/nat':>8s}")
         for name in med["natural"]:

@@ -19,43 +19,33 @@ Usage: ``python benchmarks/dev_ab_pdl.py [--shape v4-flash] [--tokens 1 8 32 128
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 MODES = (False, True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _ab.parser(__doc__, tokens=[1, 8, 32, 128, 512], reps=30)
     parser.add_argument("--shape", default="v4-flash")
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 512])
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=10)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    setup = _ab.gpu_setup(args.shape)
+    if setup is None:
         return 2
-    import bench_moe
+    _, shape, experts, flush = setup
     import triton
 
-    from nvfp4_ops import get_shape
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
     from nvfp4_ops.kernels.triton import _pdl
     from nvfp4_ops.reference import moe_reference
     from nvfp4_ops.testing import random_routing, rel_l2
-
-    shape = get_shape(args.shape)
-    experts = bench_moe.fast_random_experts(shape, "cuda")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     print(f"{shape.name}: {torch.cuda.get_device_name()}, triton {triton.__version__} (PDL "
           f"wrappers: {_pdl.SUPPORTED}), reps {args.reps}, rounds {args.rounds}", flush=True)
     lines = []
@@ -101,12 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"T={num_tokens}: CHECK FAILED (modes equal and rel L2 {err:.2e}: {ok}; "
                   f"graph replays equal eager: {replay_ok})", flush=True)
             return 1
-        times: dict[bool, list[float]] = {m: [] for m in MODES}
-        for _ in range(args.rounds):
-            for mode in MODES:
-                times[mode].append(bench_moe.time_graph(lambda m=mode: run(m), args.reps, 2,
-                                                        flush))
-        med = {m: statistics.median(v) for m, v in times.items()}
+        med, times = _ab.alternate({m: (lambda m=m: run(m)) for m in MODES}, args.rounds,
+                                   args.reps, flush)
         print(f"T={num_tokens} block_m={bm}: checked (rel L2 {err:.2e}, {args.replays} graph "
               f"replays per mode with new routing)  " + "  ".join(
                   f"pdl {'on' if m else 'off'} {med[m]:.1f} us ({med[m] / med[False]:.3f})"

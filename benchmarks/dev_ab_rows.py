@@ -17,16 +17,15 @@ Usage: ``python benchmarks/dev_ab_rows.py [--tokens 1 8 32 128] [--ms 1 8] [--re
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 #: (row_groups, warps_k, steps, stages) tried next to the chosen config
 GRP_VARIANTS = [(2, 4, 1, 2), (2, 4, 1, 3), (2, 2, 2, 2), (2, 4, 2, 2), (2, 2, 1, 4)]
@@ -46,39 +45,20 @@ def _variants(base, shapes):
     return out
 
 
-def _time_all(cases, args, flush, bench_moe):
-    """cases: [(label, [(cfg, fn)])] -> {label: {cfg name: median us}}"""
-    times = {label: {c.name: [] for c, _ in vs} for label, vs in cases}
-    for _ in range(args.rounds):
-        for label, vs in cases:
-            for cfg, fn in vs:
-                times[label][cfg.name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
-    return {label: {n: statistics.median(v) for n, v in d.items()} for label, d in times.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser = _ab.parser(__doc__, tokens=[1, 8, 32, 128], reps=30)
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    setup = _ab.gpu_setup()
+    if setup is None:
         return 2
-    import bench_moe
-
-    from nvfp4_ops import get_shape
+    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels.triton import moe_routing as R
     from nvfp4_ops.testing import random_routing
 
-    shape = get_shape("v4-flash")
-    w13, w13_s, w13_g, w2, w2_s, w2_g = bench_moe.fast_random_experts(shape, "cuda")
     g13 = L.gate_up_global_view(w13_g, shape.intermediate)
     g2 = L.per_group_global_view(w2_g, shape.hidden)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     h, i = shape.hidden, shape.intermediate
     cases, checks = [], []
     for t in args.tokens:
@@ -145,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         print(f"{label}: {len(vs)} configs agree on the rows read (bitwise at the same "
               "warps_k)", flush=True)
-    med = _time_all(cases, args, flush, bench_moe)
+    flat, _ = _ab.alternate({(label, cfg.name): fn for label, vs in cases for cfg, fn in vs},
+                            args.rounds, args.reps, flush)
+    med: dict[str, dict[str, float]] = {}
+    for (label, name), us in flat.items():
+        med.setdefault(label, {})[name] = us
     print(f"{'case':24s} {'config':64s} {'us':>8s} {'x chosen':>8s}")
     for label, d in med.items():
         first = next(iter(d.values()))

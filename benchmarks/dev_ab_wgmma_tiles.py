@@ -15,16 +15,15 @@ Usage: ``python benchmarks/dev_ab_wgmma_tiles.py [--tokens 512] [--reps 20] [--r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
 
 #: run 1 (benchmarks/results/h200_2026-12-01_s5/wgmma_tiles/run1.log): row_wgs=1 + stages=4
 #: was 10 % faster for GEMM 1 at T = 512; run 2 sweeps around it
@@ -34,28 +33,18 @@ VARIANTS = [dict(row_wgs=1), dict(row_wgs=1, stages=2), dict(row_wgs=1, stages=3
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[512])
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    args = _ab.parser(__doc__, tokens=[512], reps=20).parse_args(argv)
+    setup = _ab.gpu_setup()
+    if setup is None:
         return 2
-    import bench_moe
-
-    from nvfp4_ops import get_shape
+    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.kernels.triton import moe_routing as R
     from nvfp4_ops.testing import random_routing, rel_l2
 
-    shape = get_shape("v4-flash")
-    w13, w13_s, w13_g, w2, w2_s, w2_g = bench_moe.fast_random_experts(shape, "cuda")
     g13 = L.gate_up_global_view(w13_g, shape.intermediate)
     g2 = L.per_group_global_view(w2_g, shape.hidden)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     h, i = shape.hidden, shape.intermediate
     results = []
     for t in args.tokens:
@@ -100,11 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{label}: {cfg.name} DIFFERS from {cfgs[0].name}")
                     return 1
             fns[0][1]()  # GEMM 2 reads the chosen GEMM 1's output
-            times = {cfg.name: [] for cfg, _ in fns}
-            for _ in range(args.rounds):
-                for cfg, fn in fns:
-                    times[cfg.name].append(bench_moe.time_graph(fn, args.reps, 2, flush))
-            med = {name: statistics.median(v) for name, v in times.items()}
+            med, _ = _ab.alternate({cfg.name: fn for cfg, fn in fns}, args.rounds, args.reps,
+                                   flush)
             first = med[cfgs[0].name]
             print(f"{label} (checked; first = chosen)", flush=True)
             for name, us in med.items():

@@ -1,0 +1,57 @@
+"""Shared pieces of the dev A/B scripts (``dev_ab_*.py``: diagnostics, need a GPU): the common
+command line, the GPU setup and the alternating-rounds timer."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+import torch
+
+
+def parser(doc: str, *, tokens: list[int], reps: int) -> argparse.ArgumentParser:
+    """``--tokens`` (default ``tokens``), ``--reps`` (CUDA-graph replays per timing, default
+    ``reps``), ``--rounds`` (default 3) and ``--out`` (JSON file); the description is the
+    first line of ``doc``."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--tokens", nargs="+", type=int, default=tokens)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path)
+    return p
+
+
+def gpu_setup(shape_name: str = "v4-flash"):
+    """``(bench_moe, shape, experts, flush)``: the benchmark module, the MoE shape, its random
+    NVFP4 experts on the GPU (``bench_moe.fast_random_experts``) and a 256 MiB buffer whose fill
+    flushes L2; None (after a message) without a CUDA GPU."""
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_moe
+
+    from nvfp4_ops import get_shape
+
+    shape = get_shape(shape_name)
+    experts = bench_moe.fast_random_experts(shape, "cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    return bench_moe, shape, experts, flush
+
+
+def alternate(runs: dict[Hashable, Callable[[], object]], rounds: int, reps: int,
+              flush: torch.Tensor) -> tuple[dict, dict]:
+    """Time every zero-argument callable of ``runs`` as its own CUDA graph (``bench_moe.
+    time_graph``: L2 flushed before every replay, median of ``reps``), each once per round for
+    ``rounds`` rounds so that clock drift hits them alike. Returns ``(median µs over rounds,
+    per-round µs)``, both keyed like ``runs``."""
+    import bench_moe
+
+    times: dict = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            times[key].append(bench_moe.time_graph(fn, reps, 2, flush))
+    return {key: statistics.median(v) for key, v in times.items()}, times
