@@ -98,15 +98,14 @@ def test_dispatch_families_and_fallbacks():
         [8, 16, 32, 64, 128, 128, 256, 256]
     # permuted activations: the MoE's WGMMA tiles (32-block order) and streamed 8-token tiles
     # (pair order); the order each tile's config reads is the one the gather writes
-    from nvfp4_ops.kernels.kperm import tile_layout
-
     assert linear_cuda.choose_config(4096, 4096, 64, "swiglu", False, True, None, True).kperm
     for bm in linear_cuda.BLOCK_MS:
         for n, k, epi in ((4096, 4096, "swiglu"), (4096, 2048, "row_scale")):
             for m_tiles in (None, 1, 9):
                 cfg = linear_cuda.choose_config(n, k, bm, epi, False, True, m_tiles, True)
                 assert cfg.kperm and cfg.grouped and cfg.block_m == bm
-                assert linear_cuda.config_layout(cfg) == tile_layout(bm)
+                want = "pair" if bm == 8 else "kperm"
+                assert linear_cuda.config_layout(cfg) == want == linear_cuda.grouped_layout(bm)
                 assert family(cfg) == ("w4a16_stream" if bm == 8 else "w4a16_wgmma")
                 assert linear_cuda.config_layout(
                     linear_cuda.choose_config(n, k, bm, epi, False, True, m_tiles)) == "natural"

@@ -101,7 +101,7 @@ _TILES = [8, 16, 32, 64, 128, 256]
 
 
 # kperm (permuted activations) exists for every grouped tile: the 32-block order of the WGMMA
-# family (16-256), the 8-block pair order of the streamed family (8); kperm.tile_layout
+# family (16-256), the 8-block pair order of the streamed family (8); linear_cuda.grouped_layout
 @pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
                          + [(bm, True) for bm in _TILES])
 def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
@@ -129,13 +129,13 @@ def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, ro
     """Run ``grouped_w4a16_gemm`` with the global-scale argument ``w_global`` into a NaN-poisoned
     output and check every tile against ``linear_fp32`` with the per-row globals
     ``rows_global`` fp32 ``[G, N]`` (contiguous, built independently)."""
-    from nvfp4_ops.kernels.kperm import tile_layout, to_layout
-    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
+    from nvfp4_ops.kernels.kperm import to_layout
+    from nvfp4_ops.kernels.linear_cuda import grouped_layout, grouped_w4a16_gemm
     from nvfp4_ops.reference.mlp import clamped_swiglu
 
     rows, n = a.shape[0], w.shape[1]
     n_out = n // 2 if epilogue == "swiglu" else n
-    layout = tile_layout(bm) if kperm else "natural"
+    layout = grouped_layout(bm) if kperm else "natural"
     out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
     grouped_w4a16_gemm(to_layout(a, layout), tile_expert, w, w_scale, w_global,
                        out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,

@@ -200,8 +200,11 @@ def test_pair_layout():
         assert torch.equal(kp.from_layout(z, layout), torch.arange(64))
         assert [int(z[kp.stored_column(f, layout)]) for f in range(64)] == list(range(64))
     assert kp.stored_column(13, "pair") == 8 + kp.pair_dst(5) == 11
-    assert kp.tile_layout(8) == "pair"
-    assert [kp.tile_layout(bm) for bm in (16, 32, 64, 128, 256)] == ["kperm"] * 5
+    from nvfp4_ops.kernels.linear_cuda import grouped_layout
+
+    # what the gather writes for kperm=True: the order of the tile's family
+    assert grouped_layout(8) == "pair"
+    assert [grouped_layout(bm) for bm in (16, 32, 64, 128, 256)] == ["kperm"] * 5
     with pytest.raises(ValueError, match="multiple of 8"):
         kp.permute_pairs(torch.zeros(2, 12))
     with pytest.raises(ValueError, match="layout must be one of"):

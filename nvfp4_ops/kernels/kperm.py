@@ -25,8 +25,9 @@ linears (user activations) keep the natural order. Three layouts (:data:`LAYOUTS
   8 k is already the 4 registers ``b_j = (p + j, p + j + 4)``, instead of 4 ``prmt`` per
   (16-byte load, token tile) in the natural order.
 
-:func:`tile_layout` says which permuted order a grouped token tile's family reads (the MoE asks
-for it with one flag, ``kperm``: "the permuted order of my tile's family";
+Which permuted order a grouped token tile's family reads is the dispatch's to say
+(:func:`nvfp4_ops.kernels.linear_cuda.grouped_layout`; the MoE asks for it with one flag,
+``kperm``: "the permuted order of my tile's family";
 :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
 A SwiGLU epilogue writes output feature ``f`` at the column :func:`stored_column` gives.
 """
@@ -51,7 +52,6 @@ __all__ = [
     "permute_pairs",
     "src",
     "stored_column",
-    "tile_layout",
     "to_layout",
 ]
 
@@ -85,14 +85,6 @@ def pair_dst(k: int) -> int:
     """``pair``: stored position (within its 8-block) of physical k; the inverse of
     :func:`pair_src`."""
     return 2 * (k % 4) + k // 4
-
-
-def tile_layout(block_m: int) -> str:
-    """The permuted order the family of a grouped token tile reads: ``pair`` for the 8-token
-    tiles (streamed family), ``kperm`` for 16-256 (WGMMA family). Only meaningful where that
-    family serves the problem (``linear_cuda.choose_config`` refuses ``kperm`` otherwise and
-    checks that its family agrees with this)."""
-    return PAIR if block_m <= 8 else KPERM
 
 
 def layout_block(layout: str) -> int:

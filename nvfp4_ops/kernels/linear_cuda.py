@@ -21,13 +21,14 @@ from collections.abc import Iterable
 import torch
 
 from nvfp4_ops import _compile
-from nvfp4_ops.kernels.kperm import tile_layout
+from nvfp4_ops.kernels.kperm import KPERM, NATURAL, PAIR
 
 __all__ = [
     "BLOCK_MS",
     "block_m_for_tokens",
     "compiled_gemm",
     "config_layout",
+    "grouped_layout",
     "dense_m_tiles",
     "gate_up_global_view",
     "grouped_kperm",
@@ -50,7 +51,7 @@ _MMA = "w4a16_gemm"  # 9-32 tokens (dense): mma.sync from a register ring
 _WGMMA = "w4a16_wgmma"  # 16-256 tokens per tile on the tensor cores' async path
 _FALLBACK = _MMA
 #: the permuted activation order each family reads with ``kperm`` (:mod:`nvfp4_ops.kernels.kperm`)
-_KPERM_LAYOUT = {_STREAM: "pair", _WGMMA: "kperm"}
+_KPERM_LAYOUT = {_STREAM: PAIR, _WGMMA: KPERM}
 #: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
 BLOCK_MS = (8, 16, 32, 64, 128, 256)
 _dummies: dict[tuple, torch.Tensor] = {}
@@ -100,7 +101,7 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     streamed family pick persistent CTAs for a grouped problem with few token tiles (decode).
     ``kperm`` (grouped only): the activations are in the permuted order of the family that
     serves the tile (``pair`` for the streamed 8-token tiles, ``kperm`` for the WGMMA tiles:
-    :func:`nvfp4_ops.kernels.kperm.tile_layout`, which the gather follows; checked here) and a
+    :func:`grouped_layout`, which the gather follows) and a
     SwiGLU output is written in it; see :func:`grouped_kperm`. ``pdl`` (grouped only): the
     call is part of the MoE chain (see :func:`grouped_w4a16_gemm`), so the streamed family may
     overlap the previous kernel (``w4a16_stream``, "Launch overlap"); the other families
@@ -119,11 +120,6 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
         if not (grouped and family in _KPERM_LAYOUT and _covers(mod, n_out, k, block_m)):
             raise ValueError(f"no kernel reads k-permuted activations for N={n}, K={k}, "
                              f"block_m={block_m}, grouped={grouped}")
-        if _KPERM_LAYOUT[family] != tile_layout(block_m):
-            # the gather writes kperm.tile_layout(block_m): both rules must name one order
-            raise AssertionError(f"family {family} reads {_KPERM_LAYOUT[family]!r} at "
-                                 f"block_m={block_m}, kperm.tile_layout says "
-                                 f"{tile_layout(block_m)!r}")
         if family == _STREAM:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,
                                      kperm=True, pdl=pdl)
@@ -156,13 +152,23 @@ def grouped_kperm(hidden_size: int, inter: int, block_m: int) -> bool:
     ``N = H, K = I``) both run a family that reads a permuted activation order (WGMMA: the
     32-block ``kperm`` order; the streamed 8-token tiles: the 8-block ``pair`` order), so they
     take their activations in it (the gather and GEMM 1's epilogue write them;
-    :func:`nvfp4_ops.kernels.kperm.tile_layout` says which order). False when either GEMM
+    :func:`grouped_layout` says which order). False when either GEMM
     falls back to ``mma.sync`` (e.g. ``K % 256`` at block_m 8)."""
     family = _family(block_m, True)
     if family not in _KPERM_LAYOUT:
         return False
     mod = _kernel_module(family)
     return _covers(mod, inter, hidden_size, block_m) and _covers(mod, hidden_size, inter, block_m)
+
+
+@functools.cache
+def grouped_layout(block_m: int) -> str:
+    """The permuted activation order (a :data:`nvfp4_ops.kernels.kperm.LAYOUTS` name) the family
+    serving a grouped ``block_m`` tile reads (``pair`` for the streamed 8-token tiles, ``kperm``
+    for the WGMMA tiles; ``natural`` for a family without one): what the gather writes for
+    ``kperm=True``. Derived from :func:`_family`, so the dispatch and the gather cannot
+    disagree. Only meaningful where :func:`grouped_kperm` is true."""
+    return _KPERM_LAYOUT.get(_family(block_m, True), NATURAL)
 
 
 def config_layout(cfg) -> str:
@@ -312,7 +318,7 @@ def grouped_w4a16_gemm(
         swiglu_limit: ``L`` or None (no clamp).
         block_m: token tile (one of :data:`BLOCK_MS`); static.
         kperm: ``a`` is in the permuted k order of the family serving ``block_m``
-            (``pair`` at 8, ``kperm`` at 16-256: :func:`nvfp4_ops.kernels.kperm.tile_layout`)
+            (``pair`` at 8, ``kperm`` at 16-256: :func:`grouped_layout`)
             and a ``swiglu`` output is written in it; grouped problems that family covers
             only (:func:`grouped_kperm`).
         tile_rows: int32 ``[ceil(P / block_m)]`` (grouped only): real rows at the start of each

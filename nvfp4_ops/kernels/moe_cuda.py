@@ -67,8 +67,13 @@ from collections.abc import Callable
 
 import torch
 
-from nvfp4_ops.kernels.kperm import layout_block, tile_layout
-from nvfp4_ops.kernels.linear_cuda import BLOCK_MS, gate_up_global_view, per_group_global_view
+from nvfp4_ops.kernels.kperm import layout_block
+from nvfp4_ops.kernels.linear_cuda import (
+    BLOCK_MS,
+    gate_up_global_view,
+    grouped_layout,
+    per_group_global_view,
+)
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
@@ -140,8 +145,8 @@ def moe_forward(
     (GEMM 2), with stride 0 along the rows. Arguments as for
     :func:`nvfp4_ops.moe` (already validated); ``block_m`` overrides :func:`choose_block_m`.
     ``kperm``: the gather and GEMM 1 write the activations in the permuted k order of the
-    GEMM family that serves ``block_m`` (:func:`nvfp4_ops.kernels.kperm.tile_layout`: ``pair``
-    at 8, ``kperm`` at 16-256) and both GEMMs read them (``gemm`` then gets ``kperm=True``;
+    GEMM family that serves ``block_m`` (:func:`nvfp4_ops.kernels.linear_cuda.grouped_layout`:
+    ``pair`` at 8, ``kperm`` at 16-256) and both GEMMs read them (``gemm`` then gets ``kperm=True``;
     :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
     ``pdl``: launch overlap (module docstring, "Launch overlap"; ``gemm`` then gets
     ``pdl=True``; the Triton kernels take it on CUDA tensors only).
@@ -221,7 +226,7 @@ def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cu
             for pdl in (False, True):
                 routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl)
                 # natural, and the permuted order of this tile's family (what kperm=True writes)
-                perm_ok = hidden_size % layout_block(tile_layout(block_m)) == 0
+                perm_ok = hidden_size % layout_block(grouped_layout(block_m)) == 0
                 for kperm in (False, True) if perm_ok else (False,):
                     a, _ = gather_rows(hidden, weights, routing, kperm, pdl=pdl)
                 combine(a, routing.slot_row, num_tokens, top_k, 1.0, pdl=pdl)

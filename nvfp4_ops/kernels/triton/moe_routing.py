@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_ops.kernels.kperm import NATURAL, layout_block, tile_layout
+from nvfp4_ops.kernels.kperm import NATURAL, layout_block
 from nvfp4_ops.kernels.triton import _pdl
 
 __all__ = [
@@ -303,8 +303,8 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
         topk_weights: ``float32 [T, k]`` contiguous.
         routing: from :func:`moe_routing` for the same ``T, k``.
         kperm: the column order of ``a``: ``False`` (natural), ``True`` (the permuted order
-            the GEMM family of ``routing.block_m`` reads, :func:`nvfp4_ops.kernels.kperm.
-            tile_layout`: ``pair`` at 8, ``kperm`` at 16-256; what ``grouped_w4a16_gemm``
+            the GEMM family of ``routing.block_m`` reads, :func:`nvfp4_ops.kernels.linear_cuda.
+            grouped_layout`: ``pair`` at 8, ``kperm`` at 16-256; what ``grouped_w4a16_gemm``
             reads with ``kperm=True``), or a layout name of
             :data:`nvfp4_ops.kernels.kperm.LAYOUTS` (``H`` a multiple of its block: 32 for
             ``kperm``, 8 for ``pair``).
@@ -323,7 +323,10 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
     if isinstance(kperm, str):
         layout = kperm
     else:
-        layout = tile_layout(routing.block_m) if kperm else NATURAL
+        # the dispatch owns which family (and so which order) serves the tile
+        from nvfp4_ops.kernels.linear_cuda import grouped_layout
+
+        layout = grouped_layout(routing.block_m) if kperm else NATURAL
     block = layout_block(layout)
     if hidden_size % block:
         raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")
