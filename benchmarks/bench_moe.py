@@ -180,9 +180,7 @@ def check(shape: MoEShape, experts, tokens, device: str) -> list[dict]:
 
     results = []
     for num_tokens in tokens:
-        torch.manual_seed(num_tokens)
-        hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
-        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
+        hidden, ids, weights = moe_inputs(shape, num_tokens, num_tokens, device)
         args = (hidden, ids, weights, *experts)
         got = nvfp4_ops.moe(*args, swiglu_limit=shape.swiglu_limit, output_scale=1.5)
         want = moe_reference(*args, 0, shape.swiglu_limit, 1.5)
@@ -217,9 +215,7 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
     rows = []
     for num_tokens in tokens:
         cfg = BenchConfig(shape, num_tokens, reps)
-        torch.manual_seed(7 + num_tokens)
-        hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
-        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
+        hidden, ids, weights = moe_inputs(shape, num_tokens, 7 + num_tokens, device)
         touched = int(torch.unique(ids).numel())
         flops = 6.0 * num_tokens * shape.top_k * shape.hidden * shape.intermediate
         moved = touched * bytes_per_expert
@@ -245,7 +241,8 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
             ours_pct_roofline=100.0 * roof_us / ours_us,
             bf16_tbps=moved / (bf16_us * 1e-6) / 1e12 if bf16_us else None,
             roofline_us=roof_us,
-            block_m=moe_cuda.choose_block_m(num_tokens * shape.top_k, shape.experts),
+            block_m=moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
+                                     shape.intermediate)[0],
         )
         rows.append(row)
         print(format_row(row), flush=True)
@@ -266,47 +263,67 @@ def sweep_and_breakdown(shape: MoEShape, tokens, reps: int, device: str) -> list
     return out
 
 
-def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch.Tensor,
-              device: str) -> dict:
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+def moe_inputs(shape: MoEShape, num_tokens: int, seed: int, device: str = "cuda"):
+    """``(hidden bf16 [T, H], topk_ids, topk_weights fp32 [T, k])``: seeded random hidden
+    states and uniform random top-k routing (distinct experts per token)."""
+    torch.manual_seed(seed)
+    hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
+    ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
+    return hidden, ids, weights
+
+
+def moe_stages(shape: MoEShape, experts, hidden, ids, weights, block_m: int,
+               kperm: bool) -> dict:
+    """Stage name -> zero-argument callable for the op's stages at one tile (routing + gather,
+    GEMM 1, GEMM 2, combine), as ``moe_cuda.moe_forward`` runs them (launch overlap off). The
+    GEMMs' inputs and outputs are prepared once here, outside any graph capture; the global
+    scales are passed as the views the op passes (``[E, 2, I]``, ``[E, 1, H]``)."""
+    from nvfp4_ops.kernels import linear_cuda
     from nvfp4_ops.kernels.triton import moe_combine, moe_routing
 
     w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
     gemm = linear_cuda.grouped_w4a16_gemm
-    num_experts, top_k, inter, hidden_size = (shape.experts, shape.top_k, shape.intermediate,
-                                              shape.hidden)
-    torch.manual_seed(7 + num_tokens)
-    hidden = torch.randn(num_tokens, hidden_size, device=device).to(torch.bfloat16)
-    ids, weights = random_routing(num_tokens, num_experts, top_k, device=device)
+    num_tokens, inter, hidden_size = hidden.shape[0], shape.intermediate, shape.hidden
+    kw = {"kperm": True} if kperm else {}
+    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
+    g13 = linear_cuda.gate_up_global_view(w13_global, inter)
+    g2 = linear_cuda.per_group_global_view(w2_global, hidden_size)
+    act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=hidden.device)
+    y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    return {
+        "routing+gather": lambda: moe_routing.gather_rows(
+            hidden, weights, moe_routing.moe_routing(ids, shape.experts, 0, block_m), kperm),
+        "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
+                                     epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
+                                     row_scale=None, bias=None, block_m=block_m,
+                                     tile_rows=routing.tile_rows, **kw),
+        "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
+                                        epilogue="row_scale", swiglu_limit=None,
+                                        row_scale=row_scale, bias=None, block_m=block_m,
+                                        tile_rows=routing.tile_rows, **kw),
+        "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, shape.top_k,
+                                               1.0),
+    }
+
+
+def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch.Tensor,
+              device: str) -> dict:
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+
+    gemm = linear_cuda.grouped_w4a16_gemm
+    hidden, ids, weights = moe_inputs(shape, num_tokens, 7 + num_tokens, device)
     whole = {}
     for bm in moe_cuda.BLOCK_MS:
         def run(bm=bm):
             return moe_cuda.moe_forward(
                 hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0, gemm=gemm,
-                block_m=bm, kperm=linear_cuda.grouped_kperm(hidden_size, inter, bm))
+                block_m=bm, kperm=linear_cuda.grouped_kperm(shape.hidden, shape.intermediate,
+                                                            bm))
         whole[bm] = time_graph(run, reps, 2, flush)
-    bm = moe_cuda.choose_block_m(num_tokens * top_k, num_experts)
-    kp = linear_cuda.grouped_kperm(hidden_size, inter, bm)
-    kw = {"kperm": True} if kp else {}
-    routing = moe_routing.moe_routing(ids, num_experts, 0, bm)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kp)
-    g13 = linear_cuda.gate_up_global_view(w13_global, inter)
-    g2 = linear_cuda.per_group_global_view(w2_global, hidden_size)
-    act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=device)
-    y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=device)
-    stages = {
-        "routing+gather": lambda: moe_routing.gather_rows(
-            hidden, weights, moe_routing.moe_routing(ids, num_experts, 0, bm), kp),
-        "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
-                                     epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
-                                     row_scale=None, bias=None, block_m=bm,
-                                     tile_rows=routing.tile_rows, **kw),
-        "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
-                                        epilogue="row_scale", swiglu_limit=None,
-                                        row_scale=row_scale, bias=None, block_m=bm,
-                                        tile_rows=routing.tile_rows, **kw),
-        "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
-    }
+    bm, kp = moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
+                              shape.intermediate)
+    stages = moe_stages(shape, experts, hidden, ids, weights, bm, kp)
     stage_us = {name: time_graph(fn, reps, 2, flush) for name, fn in stages.items()}
     return {"shape": shape.name, "T": num_tokens, "chosen_block_m": bm,
             "whole_us_by_block_m": whole, "stage_us": stage_us}

@@ -20,8 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab  # noqa: E402
 
@@ -34,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    _, shape, experts, flush = setup
+    bench_moe, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.kernels.cute import w4a16_stream as S
     from nvfp4_ops.reference import moe_reference
-    from nvfp4_ops.testing import random_routing, rel_l2
+    from nvfp4_ops.testing import rel_l2
 
     def stream_gemm(shapes):
         def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
@@ -55,12 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = []
     for t in args.tokens:
-        bm = moe_cuda.choose_block_m(t * shape.top_k, shape.experts)
-        torch.manual_seed(3 + t)
-        hidden = torch.randn(t, shape.hidden, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        bm, kperm = moe_cuda.op_tile(t, shape.top_k, shape.experts, shape.hidden,
+                                     shape.intermediate)
+        hidden, ids, weights = bench_moe.moe_inputs(shape, t, 3 + t)
         want = moe_reference(hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0)
-        kperm = L.grouped_kperm(shape.hidden, shape.intermediate, bm)
         runs = {f"chosen bm{bm}": (L.grouped_w4a16_gemm, bm, kperm)}
         for shapes in [None] + VARIANTS:
             name = "stream bm16 " + ("choose_config" if shapes is None else str(shapes))

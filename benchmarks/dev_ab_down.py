@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    _, shape, experts, flush = setup
+    bench_moe, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
-    from nvfp4_ops.testing import random_routing, rel_l2
+    from nvfp4_ops.testing import rel_l2
 
     def gemm_with(down):
         def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
@@ -61,11 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = []
     for t in args.tokens:
-        bm = moe_cuda.choose_block_m(t * shape.top_k, shape.experts)
-        kperm = L.grouped_kperm(shape.hidden, shape.intermediate, bm)
-        torch.manual_seed(9 + t)
-        hidden = torch.randn(t, shape.hidden, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        bm, kperm = moe_cuda.op_tile(t, shape.top_k, shape.experts, shape.hidden,
+                                     shape.intermediate)
+        hidden, ids, weights = bench_moe.moe_inputs(shape, t, 9 + t)
         def whole(g, b=bm, kp=kperm, h=hidden, i=ids, w=weights):
             return lambda: moe_cuda.moe_forward(h, i, w, *experts, 0, shape.swiglu_limit, 1.0,
                                                 gemm=g, block_m=b, kperm=kp, pdl=True)

@@ -4,12 +4,12 @@ activations in the natural k order vs the ``pair`` order of ``nvfp4_ops/kernels/
 
 For each ``T`` (default 1 8 32 128: V4-Flash decode, block_m 8) and each order, on the same
 routing and weights: the whole op data flow (``moe_cuda.moe_forward`` with the real grouped
-GEMM), routing + gather, GEMM 1 (gate/up + SwiGLU) and GEMM 2 (down + router weight), each its
-own CUDA graph, L2 flushed before every timed replay (``bench_moe.time_graph``), median µs. The
-two orders alternate for ``--rounds`` rounds (each time is the median over rounds of the
-per-round medians) so clock drift hits both. Before timing, the two orders' whole-op outputs
-must be bitwise equal (same MMAs, only the activation layout differs) and match
-``moe_reference`` (relative L2 < 4e-3); the script stops otherwise.
+GEMM) and its stages (``bench_moe.moe_stages``: routing + gather, GEMM 1 (gate/up + SwiGLU),
+GEMM 2 (down + router weight), combine), each its own CUDA graph, L2 flushed before every timed
+replay (``bench_moe.time_graph``), median µs. The two orders alternate for ``--rounds`` rounds
+(each time is the median over rounds of the per-round medians) so clock drift hits both. Before
+timing, the two orders' whole-op outputs must be bitwise equal (same MMAs, only the activation
+layout differs) and match ``moe_reference`` (relative L2 < 4e-3); the script stops otherwise.
 
 Usage: ``python benchmarks/dev_ab_pairs.py [--shape v4-flash] [--tokens 1 8 32 128]
 [--reps 30] [--rounds 3] [--out FILE.json]``.
@@ -29,35 +29,16 @@ import _ab  # noqa: E402
 LAYOUTS = ("natural", "pair")
 
 
-def _stages(shape, experts, hidden, ids, weights, bm: int, kperm: bool) -> dict:
-    """name -> zero-argument callable of one stage (buffers prepared once, outside capture)."""
+def _stages(bench_moe, shape, experts, hidden, ids, weights, bm: int, kperm: bool) -> dict:
+    """name -> zero-argument callable: the whole op, then its stages
+    (``bench_moe.moe_stages``; buffers prepared once, outside capture)."""
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
-    from nvfp4_ops.kernels.triton import moe_routing
 
-    w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
-    gemm = linear_cuda.grouped_w4a16_gemm
-    inter, hidden_size = shape.intermediate, shape.hidden
-    kw = {"kperm": True} if kperm else {}
-    routing = moe_routing.moe_routing(ids, shape.experts, 0, bm)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
-    g13 = linear_cuda.gate_up_global_view(w13_global, inter)
-    g2 = linear_cuda.per_group_global_view(w2_global, hidden_size)
-    act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=hidden.device)
-    y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=hidden.device)
     return {
         "whole op": lambda: moe_cuda.moe_forward(
-            hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0, gemm=gemm,
-            block_m=bm, kperm=kperm),
-        "routing+gather": lambda: moe_routing.gather_rows(
-            hidden, weights, moe_routing.moe_routing(ids, shape.experts, 0, bm), kperm),
-        "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
-                                     epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
-                                     row_scale=None, bias=None, block_m=bm,
-                                     tile_rows=routing.tile_rows, **kw),
-        "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
-                                        epilogue="row_scale", swiglu_limit=None,
-                                        row_scale=row_scale, bias=None, block_m=bm,
-                                        tile_rows=routing.tile_rows, **kw),
+            hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0,
+            gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm, kperm=kperm),
+        **bench_moe.moe_stages(shape, experts, hidden, ids, weights, bm, kperm),
     }
 
 
@@ -68,23 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup(args.shape)
     if setup is None:
         return 2
-    _, shape, experts, flush = setup
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    bench_moe, shape, experts, flush = setup
+    from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.reference import moe_reference
-    from nvfp4_ops.testing import random_routing, rel_l2
+    from nvfp4_ops.testing import rel_l2
 
     print(f"{shape.name}: {torch.cuda.get_device_name()}, reps {args.reps}, rounds "
           f"{args.rounds}", flush=True)
     lines = []
     for num_tokens in args.tokens:
-        bm = moe_cuda.choose_block_m(num_tokens * shape.top_k, shape.experts)
-        if bm != 8 or not linear_cuda.grouped_kperm(shape.hidden, shape.intermediate, bm):
+        bm, kperm = moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
+                                     shape.intermediate)
+        if bm != 8 or not kperm:
             print(f"T={num_tokens}: block_m {bm} does not run the pair order; skipped")
             continue
-        torch.manual_seed(7 + num_tokens)
-        hidden = torch.randn(num_tokens, shape.hidden, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device="cuda")
-        stages = {layout: _stages(shape, experts, hidden, ids, weights, bm, layout == "pair")
+        hidden, ids, weights = bench_moe.moe_inputs(shape, num_tokens, 7 + num_tokens)
+        stages = {layout: _stages(bench_moe, shape, experts, hidden, ids, weights, bm,
+                                   layout == "pair")
                   for layout in LAYOUTS}
         outs = {layout: stages[layout]["whole op"]() for layout in LAYOUTS}
         want = moe_reference(hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0)

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup(args.shape)
     if setup is None:
         return 2
-    _, shape, experts, flush = setup
+    bench_moe, shape, experts, flush = setup
     import triton
 
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
@@ -50,11 +50,9 @@ def main(argv: list[str] | None = None) -> int:
           f"wrappers: {_pdl.SUPPORTED}), reps {args.reps}, rounds {args.rounds}", flush=True)
     lines = []
     for num_tokens in args.tokens:
-        bm = moe_cuda.choose_block_m(num_tokens * shape.top_k, shape.experts)
-        kperm = linear_cuda.grouped_kperm(shape.hidden, shape.intermediate, bm)
-        torch.manual_seed(11 + num_tokens)
-        hidden = torch.randn(num_tokens, shape.hidden, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device="cuda")
+        bm, kperm = moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
+                                     shape.intermediate)
+        hidden, ids, weights = bench_moe.moe_inputs(shape, num_tokens, 11 + num_tokens)
 
         def run(mode, h=hidden, i=ids, w=weights, bm=bm, kperm=kperm):
             return moe_cuda.moe_forward(h, i, w, *experts, 0, shape.swiglu_limit, 1.0,

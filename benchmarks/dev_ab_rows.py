@@ -52,19 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels.triton import moe_routing as R
-    from nvfp4_ops.testing import random_routing
 
     g13 = L.gate_up_global_view(w13_g, shape.intermediate)
     g2 = L.per_group_global_view(w2_g, shape.hidden)
     h, i = shape.hidden, shape.intermediate
     cases, checks = [], []
     for t in args.tokens:
-        torch.manual_seed(5 + t)
-        hidden = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        hidden, ids, weights = bench_moe.moe_inputs(shape, t, 5 + t)
         rt = R.moe_routing(ids, shape.experts, 0, 8)
         a, row_scale = R.gather_rows(hidden, weights, rt, True)
         p = a.shape[0]

@@ -37,21 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
     from nvfp4_ops.kernels.triton import moe_routing as R
-    from nvfp4_ops.testing import random_routing, rel_l2
+    from nvfp4_ops.testing import rel_l2
 
     g13 = L.gate_up_global_view(w13_g, shape.intermediate)
     g2 = L.per_group_global_view(w2_g, shape.hidden)
     h, i = shape.hidden, shape.intermediate
     results = []
     for t in args.tokens:
-        bm = moe_cuda.choose_block_m(t * shape.top_k, shape.experts)
-        torch.manual_seed(13 + t)
-        hidden = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        bm, _ = moe_cuda.op_tile(t, shape.top_k, shape.experts, h, i)
+        hidden, ids, weights = bench_moe.moe_inputs(shape, t, 13 + t)
         rt = R.moe_routing(ids, shape.experts, 0, bm)
         a, row_scale = R.gather_rows(hidden, weights, rt, True)
         p = a.shape[0]

@@ -123,3 +123,17 @@ def test_dispatch_families_and_fallbacks():
         kw.setdefault("k", 4096)
         with pytest.raises(ValueError, match="k-permuted"):
             linear_cuda.choose_config(4096, epilogue="swiglu", kperm=True, **kw)
+
+
+def test_moe_op_tile_is_the_ops_choice():
+    """``moe_cuda.op_tile`` (what benchmarks and tests take as the op's tile): the covered
+    ``choose_block_m`` tile and its family's permuted order (pair at 8, kperm from 16)."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    flash = [moe_cuda.op_tile(t, 6, 256, 4096, 2048) for t in (1, 128, 512, 4096, 16384)]
+    assert flash == [(8, True), (8, True), (16, True), (128, True), (256, True)]
+    for t in (1, 100, 5000):
+        bm = moe_cuda.choose_block_m(t * 6, 64)
+        assert moe_cuda.op_tile(t, 6, 64, 256, 128) == (
+            bm, linear_cuda.grouped_kperm(256, 128, bm))
+    assert moe_cuda.op_tile(3, 6, 64, 256, 128) == (8, False)  # tiny: K = 128 not streamed

@@ -161,8 +161,9 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     natural-order data flow's; the op itself takes the pair path and matches the reference."""
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
 
-    bm = moe_cuda.choose_block_m(num_tokens * FLASH.top_k, FLASH.experts)
-    assert bm == 8 and linear_cuda.grouped_kperm(FLASH.hidden, FLASH.intermediate, bm)
+    bm, kperm = moe_cuda.op_tile(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
+                                 FLASH.intermediate)
+    assert bm == 8 and kperm
     torch.manual_seed(45 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
@@ -188,9 +189,9 @@ def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
     output must be exactly 0 (only CTA 0 of each GEMM waits then)."""
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
 
-    bm = moe_cuda.choose_block_m(num_tokens * FLASH.top_k, FLASH.experts)
+    bm, kperm = moe_cuda.op_tile(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
+                                 FLASH.intermediate)
     assert bm == 8
-    kperm = linear_cuda.grouped_kperm(FLASH.hidden, FLASH.intermediate, bm)
     torch.manual_seed(70 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")

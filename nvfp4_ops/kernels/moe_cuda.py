@@ -78,7 +78,7 @@ from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
 __all__ = ["BLOCK_MS", "choose_block_m", "covered_block_m", "moe_cuda", "moe_forward",
-           "moe_supported", "padded_rows", "warmup_triton"]
+           "moe_supported", "op_tile", "padded_rows", "warmup_triton"]
 
 def choose_block_m(num_slots: int, num_experts: int) -> int:
     """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts: the
@@ -108,6 +108,20 @@ def covered_block_m(block_m: int, hidden_size: int, inter: int) -> int:
                                          and grouped_supported(hidden_size, inter, block_m)):
         block_m = BLOCK_MS[BLOCK_MS.index(block_m) - 1]
     return block_m
+
+
+def op_tile(num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
+            inter: int) -> tuple[int, bool]:
+    """``(block_m, kperm)`` that :func:`moe_cuda` runs for these sizes (static): the tile of
+    :func:`choose_block_m` that both GEMMs cover (:func:`covered_block_m`), and whether its
+    family reads a permuted activation order
+    (:func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`). Benchmarks and tests that drive
+    :func:`moe_forward` directly take the op's choice from here."""
+    from nvfp4_ops.kernels.linear_cuda import grouped_kperm
+
+    block_m = covered_block_m(choose_block_m(num_tokens * top_k, num_experts), hidden_size,
+                              inter)
+    return block_m, grouped_kperm(hidden_size, inter, block_m)
 
 
 def moe_supported(hidden_size: int, inter: int) -> bool:
@@ -191,15 +205,13 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
 
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
-    from nvfp4_ops.kernels.linear_cuda import grouped_kperm, grouped_w4a16_gemm
+    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
 
-    hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
-    block_m = covered_block_m(choose_block_m(hidden.shape[0] * topk_ids.shape[1], w13.shape[0]),
-                              hidden_size, inter)
+    block_m, kperm = op_tile(hidden.shape[0], topk_ids.shape[1], w13.shape[0], hidden.shape[1],
+                             w13.shape[1] // 2)
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                       gemm=grouped_w4a16_gemm, block_m=block_m,
-                       kperm=grouped_kperm(hidden_size, inter, block_m), pdl=True)
+                       gemm=grouped_w4a16_gemm, block_m=block_m, kperm=kperm, pdl=True)
 
 
 def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",
