@@ -24,7 +24,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     # the persistent decode gate/up of each shape (<= PERSIST_MAX_TILES token tiles). Every
     # grouped config reads a permuted order (_kp): the 32-block one at 16-256, the pair order
     # at 8 (the natural grouped 8-token configs are no longer reached); the MoE launches them
-    # with pdl, which only the streamed 8-token configs take (_pdl)
+    # with pdl (_pdl)
     assert len(names) == len(VARIANTS) == 56
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
@@ -33,7 +33,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     assert {linear_cuda.config_layout(c) for c in VARIANTS if not c.grouped} == {"natural"}
     assert {linear_cuda.config_layout(c) for c in grouped if c.block_m == 8} == {"pair"}
     assert sum(c.block_m == 8 and "_p396_" in c.name for c in grouped) == 2  # persistent
-    assert all(getattr(c, "pdl", False) == (c.block_m == 8) for c in grouped)
+    assert all(c.pdl for c in grouped)
     for s_name in ("v4-flash", "v4-pro"):
         from nvfp4_ops import get_shape
 

@@ -179,19 +179,21 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     _check(got, want, f"v4-flash pair order T={num_tokens}")
 
 
-@pytest.mark.parametrize("num_tokens,expert_start", [(1, 0), (8, 0), (37, 0), (8, 256)])
+@pytest.mark.parametrize("num_tokens,expert_start",
+                         [(1, 0), (8, 0), (37, 0), (8, 256), (512, 0), (512, 256)])
 def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
     """The op launches its chain with programmatic dependent launch (moe_cuda, "Launch
     overlap"): the streamed GEMMs read tile_expert and stream weights before waiting for the
     previous kernel. Bitwise equal to the plainly launched chain, eagerly and over CUDA-graph
     replays with new hidden states and new routing each time (a kernel reading a buffer too
-    early would differ). ``expert_start = 256``: no id is local, every tile is skipped and the
-    output must be exactly 0 (only CTA 0 of each GEMM waits then)."""
+    early would differ); T = 512 runs the WGMMA tiles. ``expert_start = 256``: no id is local,
+    every tile is skipped and the output must be exactly 0 (only CTA 0 of each GEMM waits
+    then)."""
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
 
     bm, kperm = moe_cuda.op_tile(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
                                  FLASH.intermediate)
-    assert bm == 8
+    assert bm == (8 if num_tokens < 64 else 16)  # streamed tiles / WGMMA tiles
     torch.manual_seed(70 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")

@@ -84,8 +84,9 @@ def test_small_tiles_have_no_smem_floor():
     32 take one row warpgroup and a 4-stage ring (choose_config, H200 sweep of session 5)."""
     for bm in (16, 32, 64):
         cfg = w4a16_wgmma.choose_config(4096, 4096, bm, "swiglu", grouped=True)
-        assert cfg.consumers == (1 if bm in w4a16_wgmma.GROUPED_SMALL_TILES else 2)
-        assert cfg.num_stages == w4a16_wgmma.GROUPED_SMALL_TILES.get(bm, 8)
+        small = w4a16_wgmma.GROUPED_SMALL_TILES.get((bm, "swiglu"))
+        assert cfg.consumers == (1 if small else 2)
+        assert cfg.num_stages == (small or 8)
         assert not cfg.uses_setmaxnreg
         assert w4a16_wgmma.W4A16WgmmaGemm(cfg).smem_bytes(50176) == 50176
     cfg = w4a16_wgmma.choose_config(4096, 4096, 128, "swiglu", grouped=True)
@@ -118,3 +119,24 @@ def test_variant_compiles_for_sm90a(cfg, tmp_path):
     path = tmp_path / f"{cfg.name}.o"
     compiled.export_to_c(str(path), function_name=cfg.name)
     assert path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("block_m", [16, 128])
+def test_launch_overlap_waits(block_m, tmp_path):
+    """``pdl`` (grouped only): the producer waits for the previous grid after the first stages'
+    weight boxes, the consumers before the pipeline (then thread 0 lets the next grid launch),
+    and a skipped CTA 0 waits: three waits, one trigger; none without ``pdl``."""
+    counts = {}
+    for pdl in (False, True):
+        cfg = w4a16_wgmma.choose_config(4096, 4096, block_m, "swiglu", grouped=True, kperm=True,
+                                        pdl=pdl)
+        assert cfg.pdl == pdl and cfg.name.endswith("_pdl_sm_90a") == pdl
+        out = tmp_path / str(pdl)
+        out.mkdir()
+        w4a16_wgmma.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+        (ptx,) = list(out.glob("*.ptx"))
+        text = ptx.read_text()
+        counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
+    assert counts == {False: [0, 0], True: [3, 1]}
+    with pytest.raises(ValueError):
+        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, pdl=True)  # dense: no

@@ -103,9 +103,10 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     serves the tile (``pair`` for the streamed 8-token tiles, ``kperm`` for the WGMMA tiles:
     :func:`grouped_layout`, which the gather follows) and a
     SwiGLU output is written in it; see :func:`grouped_kperm`. ``pdl`` (grouped only): the
-    call is part of the MoE chain (see :func:`grouped_w4a16_gemm`), so the streamed family may
-    overlap the previous kernel (``w4a16_stream``, "Launch overlap"); the other families
-    ignore it (a plain launch is always correct).
+    call is part of the MoE chain (see :func:`grouped_w4a16_gemm`), so the streamed family and
+    the WGMMA family (with ``kperm``) may overlap the previous kernel (``w4a16_stream``,
+    "Launch overlap"); the ``mma.sync`` fallback ignores it (a plain launch is always
+    correct).
 
     Raises:
         ValueError: a grouped problem no family covers at ``block_m`` (see
@@ -123,7 +124,8 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
         if family == _STREAM:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,
                                      kperm=True, pdl=pdl)
-        return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True)
+        return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, kperm=True,
+                                 pdl=pdl)
     if _covers(mod, n_out, k, block_m):
         if grouped and family == _STREAM:
             return mod.choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles,

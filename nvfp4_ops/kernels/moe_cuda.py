@@ -47,8 +47,8 @@ H200; ``w4a16_stream``, "Launch overlap"). Why it is ordered:
   the whole chain has, and the next (plain-launched) kernel sees every buffer settled.
 
 The routing kernel itself is launched plainly (after whatever produced ``topk_ids``) and lets
-the gather launch at once. GEMMs of other families (block_m >= 16) are launched plainly, which
-is always correct.
+the gather launch at once. The WGMMA GEMMs (block_m >= 16) overlap the same way: their
+producer streams the first stages' weight boxes before its wait, the activation tiles after it.
 
 Every buffer is allocated with torch on the current device (the caching allocator, so the graph
 pool under capture), every launch goes to the current stream, every grid comes from

@@ -161,6 +161,10 @@ class WgmmaConfig(GemmProblem):
     #: decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4`` decoder (one
     #: 4-byte shared load and one block scale) instead of gathering bytes from 16
     kperm: bool = False
+    #: programmatic dependent launch (grouped only: the MoE chain): the producer streams the
+    #: first stages' weights before ``griddepcontrol.wait``, activations only after it (the
+    #: ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
+    pdl: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -185,6 +189,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"N_out={self.n_out} must be a multiple of {self.features_per_cta}")
         if self.num_stages < 2:
             raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
+        if self.pdl and not self.grouped:
+            raise ValueError("pdl (launch overlap) is for grouped problems only")
         if self.k < 2 * BLOCK_K * self.split_k:
             raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
         if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
@@ -223,7 +229,8 @@ class WgmmaConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_r{self.row_wgs}"
-            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}_{self.arch}"
+            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
+            f"{'_pdl' if self.pdl else ''}_{self.arch}"
         )
 
 
@@ -245,7 +252,8 @@ DENSE_TILES = {
     256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
 }
 #: grouped ``block_m`` -> ring stages of the one-row-warpgroup tile (:func:`choose_config`)
-GROUPED_SMALL_TILES = {16: 4, 32: 4}
+GROUPED_SMALL_TILES = {(16, "swiglu"): 3, (32, "swiglu"): 3, (16, "row_scale"): 4,
+                       (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
 #: ``m_tiles`` above this are treated as this (bounds the set of configs a dispatch can reach).
 #: Unclamped, the estimate picks ``row_wgs=2, split_k=1`` for every m_tiles in 11-128 at the
 #: V4 shared-expert shapes and the three benchmark shapes (checked on the CPU), the tile the
@@ -262,6 +270,7 @@ def choose_config(
     grouped: bool = False,
     m_tiles: int | None = None,
     kperm: bool = False,
+    pdl: bool = False,
 ) -> WgmmaConfig:
     """The tile config for a problem; a pure function of static sizes, ``block_m`` and, for a
     dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
@@ -289,13 +298,13 @@ def choose_config(
     """
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
-    if grouped and block_m in GROUPED_SMALL_TILES:
+    if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
         return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, 1, 1,
-                           GROUPED_SMALL_TILES[block_m], kperm=kperm)
+                           GROUPED_SMALL_TILES[block_m, epilogue], kperm=kperm, pdl=pdl)
     if grouped or m_tiles is None or block_m not in DENSE_TILES:
         row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
         return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1,
-                           kperm=kperm)
+                           kperm=kperm, pdl=pdl and grouped)
     if kperm:
         raise ValueError("kperm is for grouped problems (the MoE) only")
     m_tiles = max(1, min(m_tiles, MAX_M_TILES))
@@ -467,6 +476,7 @@ class W4A16WgmmaGemm:
             block=[self.threads, 1, 1],
             smem=self.smem_bytes(SharedStorage.size_in_bytes()),
             stream=stream,
+            use_pdl=cfg.pdl,
         )
 
     def smem_bytes(self, storage: int) -> int:
@@ -534,6 +544,10 @@ class W4A16WgmmaGemm:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.consumer(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale,
                               bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg)
+        elif const_expr(cfg.pdl):
+            # a skipped tile: this grid must still not complete before the previous one
+            if bidx + bidy == 0:
+                cute.arch.griddepcontrol_wait()
 
     @cute.jit
     def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
@@ -560,7 +574,28 @@ class W4A16WgmmaGemm:
             else:
                 box_rows.append(base + bidx * (2 * cfg.row_wgs) + i)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for kt in cutlass.range(self.k_tiles, unroll=1):
+        first = 0
+        if const_expr(cfg.pdl):
+            # launch overlap: the first stages' weight boxes stream while the previous kernel
+            # finishes; their activation tiles (its output) only after griddepcontrol.wait. Both
+            # complete on the stage's barrier, so the consumers see whole stages either way
+            first = min(self.stages, self.k_tiles)
+            for pk in cutlass.range_constexpr(first):
+                pipe.producer_acquire(state)
+                wbar = pipe.producer_get_barrier(state)
+                for i in cutlass.range_constexpr(nb):
+                    cute.copy(tma_w, t_gw[(None, box_rows[i], pk)],
+                              t_sw[(None, state.index * nb + i)], tma_bar_ptr=wbar)
+                state.advance()
+            cute.arch.griddepcontrol_wait()
+            early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                 self.stages)
+            for pk in cutlass.range_constexpr(first):
+                abar = pipe.producer_get_barrier(early)
+                cute.copy(tma_b, t_gb[(None, pk)], t_sb[(None, early.index)], tma_bar_ptr=abar)
+                pipe.producer_commit(early)
+                early.advance()
+        for kt in cutlass.range(first, self.k_tiles, unroll=1):
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
             cute.copy(tma_b, t_gb[(None, kt)], t_sb[(None, state.index)], tma_bar_ptr=bar)
@@ -637,6 +672,12 @@ class W4A16WgmmaGemm:
         scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
         sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)  # [lo, hi] x [this, next tile]
 
+        if const_expr(cfg.pdl):
+            # row scales (the gather's) and the output belong to the chain: wait for the
+            # previous kernel, then let the next one launch (moe_cuda, "Launch overlap")
+            cute.arch.griddepcontrol_wait()
+            if tidx == 0:
+                cute.arch.griddepcontrol_launch_dependents()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if const_expr(nsplit > 1):
