@@ -4,8 +4,9 @@ off / on, in one process.
 ``pdl`` of ``moe_cuda.moe_forward``: off (plain launches), or on (``StreamConfig.pdl`` /
 ``WgmmaConfig.pdl`` for the streamed 8-token and the WGMMA GEMMs, whose producers stream
 weights before waiting for the previous kernel; the Triton gather and combine are
-PDL-launched and the routing kernel lets the gather launch early). The session-5 results (benchmarks/results/h200_2026-12-01_s5/pdl/) were taken
-with an earlier three-mode version that also had "every GEMM thread waits first".
+PDL-launched and the routing kernel lets the gather launch early). The session-5 results
+(benchmarks/results/h200_2026-12-01_s5/pdl/) were taken with an earlier three-mode version
+that also had "every GEMM thread waits first", and before the WGMMA GEMMs took pdl.
 
 For each ``T``: a correctness pass first (on bitwise equal to off and close to
 ``moe_reference``; then one CUDA graph per mode captured once and replayed ``--replays`` times
