@@ -14,10 +14,13 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.arch import inline_ptx
 
+from nvfp4_ops.kernels.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
+
 __all__ = [
     "decode_word_lut",
     "decode_word_pair4",
     "decode_word_shift",
+    "decode_word_wperm",
     "ld_u16",
     "ld_shared_v4_at",
     "ld_u16_at",
@@ -246,4 +249,27 @@ def decode_word_pair4(word: Int32, scale2: Int32):
             "or.b32 r, r, q;\n",
             f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
         ]
+    return _decoder_call(body, word, scale2)
+
+
+def decode_word_wperm(word: Int32, scale2: Int32):
+    """:func:`decode_word_pair4`'s output (4 bf16x2 words, word j = (code j, code j+4) * scale *
+    2^-7, ``scale2`` = ``scale * 2^119`` twice) from a u32 whose bits are in the ``wperm`` order
+    of :mod:`nvfp4_ops.kernels.wperm` (one shift and one mask per register, or two and two;
+    11 integer instructions per word instead of 16)."""
+    def shifted(dst: str, s: int) -> str:
+        if s == 0:
+            return f"mov.b32 {dst}, {{$r0}};\n"
+        op = "shl.b32" if s > 0 else "shr.u32"
+        return f"{op} {dst}, {{$r0}}, {abs(s)};\n"
+
+    body = ["{\n", ".reg .b32 r, q;\n"]
+    for j, (a, b) in enumerate(PAIR_SHIFTS):
+        body.append(shifted("r", a))
+        if a == b:
+            body.append(f"and.b32 r, r, {SIGN_MASK | MAG_MASK:#010x};\n")
+        else:
+            body += [shifted("q", b), f"and.b32 q, q, {MAG_MASK:#010x};\n",
+                     f"and.b32 r, r, {SIGN_MASK:#010x};\n", "or.b32 r, r, q;\n"]
+        body.append(f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n")
     return _decoder_call(body, word, scale2)

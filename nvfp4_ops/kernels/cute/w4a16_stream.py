@@ -134,6 +134,7 @@ from cutlass.cute.arch import inline_ptx
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_pair4,
+    decode_word_wperm,
     ld_shared_v4_at,
     ld_v4_at,
     mma_m16n8k16,
@@ -213,6 +214,9 @@ class StreamConfig(GemmProblem):
     #: programmatic dependent launch, the producer streaming weights before the previous
     #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
     pdl: bool = False
+    #: EXPERIMENT: the weight codes are in the ``wperm`` bit order of
+    #: :mod:`nvfp4_ops.kernels.wperm` (a cheaper decode, bitwise the same MMAs)
+    wperm: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -296,7 +300,7 @@ class StreamConfig(GemmProblem):
             f"_{self.release}{'_inv' if self.inval else ''}"
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}_{self.arch}"
+            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}_{self.arch}"
         )
 
 
@@ -700,7 +704,8 @@ class W4A16StreamGemm(DirectLaunch):
         for i in range(4):
             dec = []
             for q2 in range(nr):
-                dec.append(decode_word_pair4(wv[q2][i], scl[q2][i // 2]))
+                decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
+                dec.append(decode(wv[q2][i], scl[q2][i // 2]))
             for t in range(self.num_tiles):
                 xv = ld_v4_at(x_addr[t], i * 16)
                 if self.cfg.kperm:

@@ -98,6 +98,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_pair4,
+    decode_word_wperm,
     ld_shared_v4_at,
     scales_to_bf16x2_pre,
 )
@@ -165,6 +166,9 @@ class WgmmaConfig(GemmProblem):
     #: first stages' weights before ``griddepcontrol.wait``, activations only after it (the
     #: ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
     pdl: bool = False
+    #: EXPERIMENT: the weight codes are in the ``wperm`` bit order of
+    #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` only: the ``pair4`` path)
+    wperm: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -181,6 +185,8 @@ class WgmmaConfig(GemmProblem):
                      not in VERIFIED_MULTI)):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
                              "validated on a GPU (pass allow_unverified=True to debug it)")
+        if self.wperm and not self.kperm:
+            raise ValueError("wperm needs kperm (only the pair4 decode path reads it)")
         if self.k % (BLOCK_K * self.split_k) != 0:
             raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K * self.split_k}")
         if self.epilogue == "swiglu" and self.n % 64 != 0:
@@ -230,7 +236,7 @@ class WgmmaConfig(GemmProblem):
         return (
             f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}_{self.arch}"
+            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}_{self.arch}"
         )
 
 
@@ -765,8 +771,9 @@ class W4A16WgmmaGemm:
         activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
         same register slots as the gathered decode's (step s, half h)."""
         if const_expr(self.cfg.kperm):
-            d_lo = decode_word_pair4(raw[0], scl[0])
-            d_hi = decode_word_pair4(raw[1], scl[1])
+            decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
+            d_lo = decode(raw[0], scl[0])
+            d_hi = decode(raw[1], scl[1])
         else:
             d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
             d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])

@@ -1,0 +1,123 @@
+"""A/B helper (diagnostics, needs a GPU): the ``wperm`` weight bit order (EXPERIMENT,
+:mod:`nvfp4_ops.kernels.wperm`: 11 instead of 16 integer SASS instructions per decoded word,
+the streamed kernel's main loop 437 -> 357 instructions per 16 MMAs, 62 -> 55 registers) vs the
+checkpoint order, same configs otherwise.
+
+Cases: V4-Flash MoE GEMM 1 (gate/up + SwiGLU) and GEMM 2 (down + router weight) in the MoE's
+real conditions (routing, permuted-order gather, ``tile_rows``) at the MoE's tile for each
+``--tokens`` (8-token streamed tiles up to T = 128, WGMMA ``kperm`` tiles above), and dense
+streamed linears (7168, 18432) / (18432, 7168) at ``--ms``. The ``wperm`` variant reads a copy
+of the weights made by :func:`nvfp4_ops.kernels.wperm.to_wperm` on the GPU. Each variant runs
+once on NaN-poisoned outputs first and must be **bitwise** equal to the checkpoint-order run on
+every row the MoE reads (the decoders give the same registers, so the same MMAs); then both are
+timed as CUDA graphs, L2 flushed before every replay (``bench_moe.time_graph``), alternating
+for ``--rounds`` rounds; median µs.
+
+Usage: ``python benchmarks/dev_ab_wperm.py [--tokens 1 8 128 512 4096] [--ms 1 8] [--reps 30]
+[--rounds 3] [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _ab.parser(__doc__, tokens=[1, 8, 128, 512, 4096], reps=30)
+    parser.add_argument("--ms", nargs="+", type=int, default=[1, 8])
+    args = parser.parse_args(argv)
+    setup = _ab.gpu_setup()
+    if setup is None:
+        return 2
+    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels import moe_cuda as M
+    from nvfp4_ops.kernels.triton import moe_routing as R
+    from nvfp4_ops.kernels.wperm import to_wperm
+    from nvfp4_ops.testing import random_routing
+
+    print("permuting the expert weights on the GPU ...", flush=True)
+    w13_p, w2_p = to_wperm(w13), to_wperm(w2)
+    g13 = L.gate_up_global_view(w13_g, shape.intermediate)
+    g2 = L.per_group_global_view(w2_g, shape.hidden)
+    h, i = shape.hidden, shape.intermediate
+    cases = []  # (label, [(name, fn)], dst, rows mask)
+    for t in args.tokens:
+        torch.manual_seed(11 + t)
+        bm = M.covered_block_m(M.choose_block_m(t * shape.top_k, shape.experts), h, i)
+        kperm = L.grouped_kperm(h, i, bm)
+        hidden = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        rt = R.moe_routing(ids, shape.experts, 0, bm)
+        a, row_scale = R.gather_rows(hidden, weights, rt, kperm)
+        p = a.shape[0]
+        m_tiles = min(p // bm, L._m_tiles_cap(True))
+        act = torch.empty(p, i, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
+        real = torch.repeat_interleave(rt.tile_expert >= 0, bm)[:p]
+        for label, n, k, epi, src, dst, wts, ws, wg, rs in (
+                (f"gemm1 T={t} bm{bm}", 2 * i, h, "swiglu", a, act, (w13, w13_p), w13_s, g13,
+                 None),
+                (f"gemm2 T={t} bm{bm}", h, i, "row_scale", act, y, (w2, w2_p), w2_s, g2,
+                 row_scale)):
+            base = L.choose_config(n, k, bm, epi, False, True, m_tiles, kperm)
+            vs = []
+            for cfg, wt in ((base, wts[0]), (dataclasses.replace(base, wperm=True), wts[1])):
+                def fn(cfg=cfg, src=src, dst=dst, wt=wt, ws=ws, wg=wg, rs=rs, epi=epi, rt=rt):
+                    L._launch(cfg, src, rt.tile_expert, wt, ws, wg, dst,
+                              shape.swiglu_limit if epi == "swiglu" else None, rs, None,
+                              rt.tile_rows)
+                vs.append((cfg.name, fn))
+            cases.append((label, vs, dst, real))
+            vs[0][1]()  # GEMM 2 reads the checkpoint-order GEMM 1's output
+    for n, k in ((7168, 18432), (18432, 7168)):
+        wt = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        wt_p = to_wperm(wt)
+        ws = (torch.rand(n, k // 16, device="cuda") + 0.25).to(torch.float8_e4m3fn)
+        wg = torch.rand(n, device="cuda") * 0.02 + 0.005
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            base = L.choose_config(n, k, 8, "none", False, False, 1)
+            vs = []
+            for cfg, w_ in ((base, wt), (dataclasses.replace(base, wperm=True), wt_p)):
+                def fn(cfg=cfg, x=x, w_=w_, ws=ws, wg=wg, out=out, n=n):
+                    L._launch(cfg, x, None, w_[None], ws[None], L.per_row_global_view(wg, n),
+                              out, None, None, None)
+                vs.append((cfg.name, fn))
+            cases.append((f"linear {n}x{k} M={m}", vs, out,
+                          torch.ones(m, dtype=torch.bool, device="cuda")))
+    for label, vs, dst, real in cases:
+        got = []
+        for _, fn in vs:
+            dst.fill_(float("nan"))
+            fn()
+            got.append(dst[real].clone())
+        if not (bool(torch.isfinite(got[0]).all()) and torch.equal(got[0], got[1])):
+            print(f"{label}: wperm output DIFFERS from the checkpoint order")
+            return 1
+        print(f"{label}: bitwise equal ({int(real.sum())} rows)", flush=True)
+    flat, _ = _ab.alternate({(label, name): fn for label, vs, _, _ in cases for name, fn in vs},
+                            args.rounds, args.reps, flush)
+    med: dict[str, dict[str, float]] = {}
+    for (label, name), us in flat.items():
+        med.setdefault(label, {})[name] = us
+    print(f"{'case':28s} {'checkpoint us':>14s} {'wperm us':>10s} {'wperm/ckpt':>10s}")
+    for label, d in med.items():
+        base_us, wp_us = d.values()
+        print(f"{label:28s} {base_us:14.1f} {wp_us:10.1f} {wp_us / base_us:10.3f}")
+    if args.out:
+        args.out.write_text(json.dumps(med, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
