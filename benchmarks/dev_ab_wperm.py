@@ -3,15 +3,17 @@
 the streamed kernel's main loop 437 -> 357 instructions per 16 MMAs, 62 -> 55 registers) vs the
 checkpoint order, same configs otherwise.
 
-Cases: V4-Flash MoE GEMM 1 (gate/up + SwiGLU) and GEMM 2 (down + router weight) in the MoE's
-real conditions (routing, permuted-order gather, ``tile_rows``) at the MoE's tile for each
-``--tokens`` (8-token streamed tiles up to T = 128, WGMMA ``kperm`` tiles above), and dense
-streamed linears (7168, 18432) / (18432, 7168) at ``--ms``. The ``wperm`` variant reads a copy
-of the weights made by :func:`nvfp4_ops.kernels.wperm.to_wperm` on the GPU. Each variant runs
-once on NaN-poisoned outputs first and must be **bitwise** equal to the checkpoint-order run on
-every row the MoE reads (the decoders give the same registers, so the same MMAs); then both are
-timed as CUDA graphs, L2 flushed before every replay (``bench_moe.time_graph``), alternating
-for ``--rounds`` rounds; median µs.
+Cases: the whole V4-Flash MoE op (``moe_cuda.moe_forward`` as the op runs it: launch overlap,
+permuted activations; ``wperm=True`` vs False), its GEMM 1 (gate/up + SwiGLU) and GEMM 2 (down +
+router weight) alone in the MoE's real conditions (routing, permuted-order gather,
+``tile_rows``) at the MoE's tile for each ``--tokens`` (8-token streamed tiles up to T = 128,
+WGMMA ``kperm`` tiles above), and dense streamed linears (7168, 18432) / (18432, 7168) at
+``--ms``. The ``wperm`` variant reads a copy of the weights made by
+:func:`nvfp4_ops.kernels.wperm.to_wperm` on the GPU. Each variant runs once on NaN-poisoned
+outputs first and must be **bitwise** equal to the checkpoint-order run on every row the MoE
+reads (the decoders give the same registers, so the same MMAs); then both are timed as CUDA
+graphs, L2 flushed before every replay (``bench_moe.time_graph``), alternating for ``--rounds``
+rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wperm.py [--tokens 1 8 128 512 4096] [--ms 1 8] [--reps 30]
 [--rounds 3] [--out FILE.json]``.
@@ -63,6 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         act = torch.empty(p, i, dtype=torch.bfloat16, device="cuda")
         y = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
         real = torch.repeat_interleave(rt.tile_expert >= 0, bm)[:p]
+
+        def whole(wp, h=hidden, ids=ids, w=weights, bm=bm, kperm=kperm):
+            ex = (w13_p if wp else w13, w13_s, w13_g, w2_p if wp else w2, w2_s, w2_g)
+            return M.moe_forward(h, ids, w, *ex, 0, shape.swiglu_limit, 1.0,
+                                 gemm=L.grouped_w4a16_gemm, block_m=bm, kperm=kperm, pdl=True,
+                                 wperm=wp)
+        cases.append((f"whole op T={t} bm{bm}", [(f"op_bm{bm}", lambda f=whole: f(False)),
+                                                  (f"op_bm{bm}_wp", lambda f=whole: f(True))],
+                       None, None))
         for label, n, k, epi, src, dst, wts, ws, wg, rs in (
                 (f"gemm1 T={t} bm{bm}", 2 * i, h, "swiglu", a, act, (w13, w13_p), w13_s, g13,
                  None),
@@ -98,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     for label, vs, dst, real in cases:
         got = []
         for _, fn in vs:
+            if dst is None:  # the whole op returns its output
+                got.append(fn())
+                continue
             dst.fill_(float("nan"))
             fn()
             got.append(dst[real].clone())
         if not (bool(torch.isfinite(got[0]).all()) and torch.equal(got[0], got[1])):
             print(f"{label}: wperm output DIFFERS from the checkpoint order")
             return 1
-        print(f"{label}: bitwise equal ({int(real.sum())} rows)", flush=True)
+        print(f"{label}: bitwise equal ({got[0].shape[0]} rows)", flush=True)
     flat, _ = _ab.alternate({(label, name): fn for label, vs, _, _ in cases for name, fn in vs},
                             args.rounds, args.reps, flush)
     med: dict[str, dict[str, float]] = {}

@@ -7,18 +7,24 @@ of vLLM's ``ModelOptNvFp4FusedMoE`` (names, shapes, dtypes, loader attributes), 
 =====================  =================  ================  ===============================
 parameter              dtype              shape             after process_weights_after_...
 =====================  =================  ================  ===============================
-``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows
+``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows [*]
 ``w13_weight_scale``   ``float8_e4m3fn``  ``[E, 2I, H/16]`` kept
 ``w13_weight_scale_2`` ``float32``        ``[E, 2]``        kept: (gate, up), both applied
-``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept
+``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept [*]
 ``w2_weight_scale``    ``float8_e4m3fn``  ``[E, H, I/16]``  kept
 ``w2_weight_scale_2``  ``float32``        ``[E]``           kept
 ``w13_input_scale``    ``float32``        ``[E, 2]``        freed (W4A16 needs no act scale)
 ``w2_input_scale``     ``float32``        ``[E]``           freed
 =====================  =================  ================  ===============================
 
-The checkpoint layout *is* the layout ``nvfp4::moe`` takes, so post-load processing only
-validates and frees: no repacked copy is ever made (no doubled weight memory).
+The checkpoint layout *is* a layout ``nvfp4::moe`` takes, so post-load processing validates
+and frees, and no repacked copy is ever made (no doubled weight memory). [*] On CUDA, where the
+MoE kernels read it (``moe_cuda.wperm_supported``: V4-Flash and V4-Pro sizes), the codes of
+``w13_weight`` / ``w2_weight`` are then permuted **in place** into the ``wperm`` bit order
+(``nvfp4::to_wperm_``, :mod:`nvfp4_ops.kernels.wperm`: same bytes per u32 word, bits moved,
+decoded with fewer instructions) and the op is called with ``wperm=True``. The environment
+variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1`` (also on CPU, where the reference
+undoes it per call) / ``0`` (keep the checkpoint order) overrides the choice.
 
 The class name contains ``ModelOpt`` on purpose: vLLM 0.33's ``RoutedExperts.weight_loader``
 routes per-tensor ``weight_scale_2``/``input_scale`` loading by that substring.
@@ -31,12 +37,14 @@ the op is called with ``output_scale=1.0`` either way.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 
-import nvfp4_ops  # noqa: F401  (registers torch.ops.nvfp4.*)
+import nvfp4_ops  # (importing it registers torch.ops.nvfp4.*)
 
 __all__ = ["ModelOptNvFp4OpsFusedMoE", "NVFP4ScaleError"]
 
@@ -91,6 +99,8 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
         self.experts_cls = None
         self.expert_start = 0
         self.global_to_local: torch.Tensor | None = None
+        #: the layer's w13 / w2 codes are in the ``wperm`` bit order (module docstring)
+        self.wperm = False
         if not moe_config.is_act_and_mul:
             raise NotImplementedError(
                 "nvfp4_ops MoE: only gated (SwiGLU) experts are supported, got activation "
@@ -138,7 +148,27 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
         for name in ("w13_input_scale", "w2_input_scale"):
             if hasattr(layer, name):
                 delattr(layer, name)
+        if self._wperm_wanted(layer):
+            # in place, once per load (this method runs once after every weight load)
+            nvfp4_ops.to_wperm_(layer.w13_weight.data)
+            nvfp4_ops.to_wperm_(layer.w2_weight.data)
+            self.wperm = True
         self._setup_expert_range(layer)
+
+    @staticmethod
+    def _wperm_wanted(layer) -> bool:
+        """``NVFP4_OPS_MOE_WPERM``: ``auto`` (default): on CUDA where the MoE kernels read the
+        ``wperm`` order; ``1``: always; ``0``: never."""
+        mode = os.environ.get("NVFP4_OPS_MOE_WPERM", "auto").strip().lower()
+        if mode not in ("auto", "1", "0"):
+            raise ValueError(f"NVFP4_OPS_MOE_WPERM must be auto, 1 or 0, got {mode!r}")
+        if mode != "auto":
+            return mode == "1"
+        if not layer.w13_weight.is_cuda:
+            return False
+        from nvfp4_ops.kernels.moe_cuda import wperm_supported
+
+        return wperm_supported(layer.w2_weight.shape[1], layer.w13_weight.shape[1] // 2)
 
     def _setup_expert_range(self, layer) -> None:
         """EP: the op takes GLOBAL ids plus the first global id of a contiguous local range.
@@ -188,6 +218,7 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
             num_global,
             None if layer.swiglu_limit is None else float(layer.swiglu_limit),
             1.0,
+            self.wperm,
         )
 
     def apply_monolithic(self, layer, x, router_logits, input_ids=None):

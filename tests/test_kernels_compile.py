@@ -24,15 +24,18 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     # the persistent decode gate/up of each shape (<= PERSIST_MAX_TILES token tiles). Every
     # grouped config reads a permuted order (_kp): the 32-block one at 16-256, the pair order
     # at 8 (the natural grouped 8-token configs are no longer reached); the MoE launches them
-    # with pdl (_pdl)
-    assert len(names) == len(VARIANTS) == 56
+    # with pdl (_pdl). Each grouped config also has a twin reading wperm weights (_wp; both
+    # V4 shapes have wperm_supported)
+    assert len(names) == len(VARIANTS) == 56 + 2 * 2 * 6 + 2
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
     grouped = [c for c in VARIANTS if c.grouped]
-    assert len(grouped) == 2 * 2 * 6 + 2 and all(c.kperm for c in grouped)
+    assert len(grouped) == 2 * (2 * 2 * 6 + 2) and all(c.kperm for c in grouped)
+    assert sum(c.wperm for c in grouped) == len(grouped) // 2
+    assert not any(getattr(c, "wperm", False) for c in VARIANTS if not c.grouped)
     assert {linear_cuda.config_layout(c) for c in VARIANTS if not c.grouped} == {"natural"}
     assert {linear_cuda.config_layout(c) for c in grouped if c.block_m == 8} == {"pair"}
-    assert sum(c.block_m == 8 and "_p396_" in c.name for c in grouped) == 2  # persistent
+    assert sum(c.block_m == 8 and "_p396_" in c.name for c in grouped) == 4  # persistent
     assert all(c.pdl for c in grouped)
     for s_name in ("v4-flash", "v4-pro"):
         from nvfp4_ops import get_shape
@@ -42,9 +45,10 @@ def test_variant_set_covers_every_block_m_and_epilogue():
             for n, k, epi, grouped in s.gemm_problems():
                 kperm = grouped and linear_cuda.grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in linear_cuda.reach_m_tiles(bm, grouped):
-                    cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped, m_tiles,
-                                                    kperm, grouped)
-                    assert cfg.name in names
+                    for wperm in (False, True) if grouped else (False,):
+                        cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped,
+                                                        m_tiles, kperm, grouped, wperm)
+                        assert cfg.name in names
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: c.name)

@@ -348,3 +348,82 @@ def test_bad_inputs_raise_before_launch(tiny):
             nvfp4_ops.moe(*args, **kw)
             pytest.fail(f"no error for {what}")
         torch.cuda.synchronize()  # and the device is still fine
+
+
+@pytest.fixture(scope="module")
+def flash_wperm(flash):
+    """The V4-Flash experts with their codes in the ``wperm`` bit order (nvfp4::to_wperm_)."""
+    w13, w2 = flash.w13.clone(), flash.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    return (w13, flash.w13_scale, flash.w13_global, w2, flash.w2_scale, flash.w2_global)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 37, 128, 199, 1024, 4096])
+def test_flash_wperm_weights_bitwise_equal(flash, flash_wperm, num_tokens):
+    """``wperm=True`` with permuted weights: the decoders give the same registers, so the op is
+    bitwise equal to the checkpoint order at every tile (8-token streamed, WGMMA 16-256)."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    assert moe_cuda.wperm_supported(FLASH.hidden, FLASH.intermediate)
+    torch.manual_seed(90 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    kw = dict(swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
+    want = nvfp4_ops.moe(hidden, ids, weights, *flash.args(), **kw)
+    _poison_allocator(8 * (num_tokens * FLASH.top_k + 64 * FLASH.experts)
+                      * (FLASH.hidden + FLASH.intermediate) + 2**20)
+    got = nvfp4_ops.moe(hidden, ids, weights, *flash_wperm, wperm=True, **kw)
+    assert torch.equal(got, want)
+    # and reading permuted codes as checkpoint codes is a different (wrong) answer
+    assert not torch.equal(nvfp4_ops.moe(hidden, ids, weights, *flash_wperm, **kw), want)
+
+
+def test_flash_wperm_cuda_graph_replay(flash, flash_wperm):
+    """Captured once with ``wperm=True``, replayed with new hidden states and routing: equal to
+    the eager checkpoint-order op every time."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    nvfp4_ops.warmup(["v4-flash"])
+    moe_cuda.warmup_triton(FLASH.hidden, FLASH.top_k)
+    num_tokens = 8
+    torch.manual_seed(95)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    kw = dict(swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
+
+    def call():
+        return nvfp4_ops.moe(hidden, ids, weights, *flash_wperm, wperm=True, **kw)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    for step in range(3):
+        new_ids, new_weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k,
+                                              device="cuda")
+        hidden.copy_(_hidden(num_tokens, FLASH.hidden))
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+        want = nvfp4_ops.moe(hidden, ids, weights, *flash.args(), **kw)
+        assert torch.equal(static_out, want), f"replay {step}"
+
+
+def test_wperm_unsupported_sizes_refused_on_cuda(tiny):
+    """Where some tile's kernel cannot read the order, ``wperm=True`` is a clear error, not a
+    wrong answer (tiny: checked against moe_cuda.wperm_supported)."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    hidden = _hidden(3, TINY.hidden)
+    ids, weights = random_routing(3, TINY.experts, TINY.top_k, device="cuda")
+    if moe_cuda.wperm_supported(TINY.hidden, TINY.intermediate):
+        pytest.skip("tiny's kernels read wperm")
+    if not moe_cuda.moe_supported(TINY.hidden, TINY.intermediate):
+        pytest.skip("tiny runs the reference, which reads wperm")
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match="wperm"):
+        nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), swiglu_limit=10.0, wperm=True)

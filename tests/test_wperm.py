@@ -113,3 +113,73 @@ def test_wgmma_wperm_needs_kperm():
     base = mod.choose_config(4096, 4096, 16, "swiglu", False, True, kperm=False)
     with pytest.raises(ValueError, match="wperm needs kperm"):
         dataclasses.replace(base, wperm=True)
+
+
+# --- the prepared layout through the ops -------------------------------------------------
+
+
+def test_to_wperm_op_in_place_and_checked():
+    import nvfp4_ops
+    from nvfp4_ops import NVFP4InputError
+
+    w = torch.randint(0, 256, (2, 16, 64), dtype=torch.uint8)
+    w0 = w.clone()
+    assert nvfp4_ops.to_wperm_(w) is w
+    assert torch.equal(w, W.to_wperm(w0)) and not torch.equal(w, w0)
+    nvfp4_ops.to_wperm_(w, inverse=True)
+    assert torch.equal(w, w0)
+    torch.library.opcheck(torch.ops.nvfp4.to_wperm_.default, (w.clone(), False))
+    with pytest.raises(NVFP4InputError, match="uint8"):
+        nvfp4_ops.to_wperm_(w.to(torch.int16))
+    with pytest.raises(NVFP4InputError, match="multiple of 4"):
+        nvfp4_ops.to_wperm_(torch.zeros(4, 6, dtype=torch.uint8))
+    with pytest.raises(NVFP4InputError, match="contiguous"):
+        nvfp4_ops.to_wperm_(w.transpose(1, 2))
+
+
+def test_moe_with_wperm_weights_is_bitwise_the_same():
+    """The CPU reference undoes the order exactly: the same output, bit for bit."""
+    import nvfp4_ops
+    from nvfp4_ops.testing import random_experts, random_routing
+
+    torch.manual_seed(3)
+    ex = random_experts(6, 256, 128, up_scale_ratio=4.0)
+    x = torch.randn(9, 256).to(torch.bfloat16)
+    ids, weights = random_routing(9, 6, 2)
+    want = nvfp4_ops.moe(x, ids, weights, *ex.args(), swiglu_limit=7.0)
+    w13, w2 = ex.w13.clone(), ex.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    got = nvfp4_ops.moe(x, ids, weights, w13, ex.w13_scale, ex.w13_global, w2, ex.w2_scale,
+                        ex.w2_global, swiglu_limit=7.0, wperm=True)
+    assert torch.equal(got, want)
+    # the flag matters: the permuted codes read as checkpoint codes are other weights
+    wrong = nvfp4_ops.moe(x, ids, weights, w13, ex.w13_scale, ex.w13_global, w2, ex.w2_scale,
+                          ex.w2_global, swiglu_limit=7.0)
+    assert not torch.equal(wrong, want)
+
+
+def test_wperm_dispatch():
+    """Which configs read wperm: the MoE's GEMMs at V4 sizes at every tile; dense WGMMA and
+    mma.sync configs refuse it; the compile set has a wperm twin of each MoE GEMM config."""
+    pytest.importorskip("cutlass")
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels import moe_cuda
+
+    for name in ("v4-flash", "v4-pro"):
+        s = get_shape(name)
+        assert moe_cuda.wperm_supported(s.hidden, s.intermediate)
+    assert not moe_cuda.wperm_supported(256, 128)  # K % 256 at the 8-token tile: mma.sync
+    for bm in (8, 16, 128):
+        cfg = L.choose_config(4096, 4096, bm, "swiglu", False, True, 4, True, True, True)
+        assert cfg.wperm and cfg.name.endswith("_wp_sm_90a")
+        assert cfg == dataclasses.replace(
+            L.choose_config(4096, 4096, bm, "swiglu", False, True, 4, True, True), wperm=True)
+    for bm in (16, 128):  # dense mma.sync (16) and WGMMA without kperm (128)
+        with pytest.raises(ValueError, match="no kernel reads wperm"):
+            L.choose_config(4096, 4096, bm, "none", False, False, 1, False, False, True)
+    variants = {c.name: c for c in L.variants_for_shapes(["v4-flash"])}
+    wp = [n for n in variants if "_wp_" in n]
+    assert wp and all(variants[n].grouped for n in wp)
+    assert all(n.replace("_wp_", "_") in variants for n in wp)

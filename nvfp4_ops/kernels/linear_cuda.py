@@ -14,6 +14,7 @@ no per-call expansion kernel, no cache of expanded rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from collections.abc import Iterable
@@ -91,11 +92,38 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
 @functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None,
-                  kperm: bool = False, pdl: bool = False):
-    """The kernel config for a GEMM problem (static sizes only, so cached: it runs on every
-    launch): the family of
-    :func:`_family` when it covers the shape, else the ``mma.sync`` kernel, at the same
-    ``block_m`` when it has it, else (dense only: any tile is valid there) its largest.
+                  kperm: bool = False, pdl: bool = False, wperm: bool = False):
+    """:func:`_choose_config`, then with ``wperm`` (the weights' codes in the bit order of
+    :mod:`nvfp4_ops.kernels.wperm`) the same config reading that order.
+
+    Raises:
+        ValueError: as :func:`_choose_config`; or ``wperm`` for a config that decodes with
+            something else than ``pair4`` (only the streamed family and the WGMMA ``kperm``
+            path read it).
+    """
+    cfg = _choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles, kperm, pdl)
+    if wperm:
+        if not reads_wperm(cfg):
+            raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
+                             f"block_m={block_m}, grouped={grouped}, kperm={kperm}")
+        cfg = dataclasses.replace(cfg, wperm=True)
+    return cfg
+
+
+def reads_wperm(cfg) -> bool:
+    """Whether a config's kernel can read weights in the ``wperm`` bit order (its decoder is
+    ``pair4`` on whole u32 words: the streamed family, the WGMMA family with ``kperm``)."""
+    family = type(cfg).__module__.rsplit(".", 1)[1]
+    return family == _STREAM or (family == _WGMMA and getattr(cfg, "kperm", False))
+
+
+def _choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
+                   has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None,
+                   kperm: bool = False, pdl: bool = False):
+    """The kernel config for a GEMM problem (static sizes only, so cached through
+    :func:`choose_config`: it runs on every launch): the family of :func:`_family` when it
+    covers the shape, else the ``mma.sync`` kernel, at the same ``block_m`` when it has it,
+    else (dense only: any tile is valid there) its largest.
     ``m_tiles`` (``ceil(P / block_m)``, clamped by :func:`_m_tiles_cap`) lets the WGMMA family
     size a dense tile shape to the number of CTAs (``w4a16_wgmma.choose_config``) and the
     streamed family pick persistent CTAs for a grouped problem with few token tiles (decode).
@@ -300,6 +328,7 @@ def grouped_w4a16_gemm(
     kperm: bool = False,
     tile_rows: torch.Tensor | None = None,
     pdl: bool = False,
+    wperm: bool = False,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
 
@@ -333,6 +362,8 @@ def grouped_w4a16_gemm(
             GEMM 1 for GEMM 2). The streamed family then overlaps the previous kernel
             (``w4a16_stream``, "Launch overlap"). Not for other callers: a kernel that wrote
             ``tile_expert`` just before could still be running.
+        wperm: ``w`` holds its codes in the bit order of :mod:`nvfp4_ops.kernels.wperm`
+            (configs that read it only: :func:`reads_wperm`).
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -370,7 +401,7 @@ def grouped_w4a16_gemm(
         return
     m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
-                        m_tiles, kperm, pdl and tile_expert is not None)
+                        m_tiles, kperm, pdl and tile_expert is not None, wperm)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
             tile_rows)
 
@@ -459,6 +490,7 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
 def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> list:
     """Every GEMM config the named model shapes can reach (shared-expert MLP, and the MoE's
     grouped gate/up (``swiglu``) and down (``row_scale``) GEMMs), for every token tile."""
+    from nvfp4_ops.kernels.moe_cuda import wperm_supported as moe_wperm
     from nvfp4_ops.shapes import get_shape
 
     seen: dict[str, object] = {}
@@ -474,11 +506,15 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
                 # the MoE passes kperm exactly when both of its GEMMs run a family with a
                 # permuted order (WGMMA, or the streamed 8-token tiles)
                 kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
+                # MoE weights may come in either bit order when its kernels read wperm
+                orders = (False, True) if kperm and moe_wperm(s.hidden, s.intermediate) else (
+                    False,)
                 for m_tiles in reach_m_tiles(bm, grouped):
-                    # the MoE launches its grouped GEMMs with pdl (moe_cuda)
-                    cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm,
-                                        grouped)
-                    seen.setdefault(cfg.name, cfg)
+                    for wperm in orders:
+                        # the MoE launches its grouped GEMMs with pdl (moe_cuda)
+                        cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm,
+                                            grouped, wperm)
+                        seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 
 

@@ -67,10 +67,12 @@ from collections.abc import Callable
 
 import torch
 
+from nvfp4_ops._validate import NVFP4InputError
 from nvfp4_ops.kernels.kperm import layout_block
 from nvfp4_ops.kernels.linear_cuda import (
     BLOCK_MS,
     gate_up_global_view,
+    grouped_kperm,
     grouped_layout,
     per_group_global_view,
 )
@@ -78,7 +80,7 @@ from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
 
 __all__ = ["BLOCK_MS", "choose_block_m", "covered_block_m", "moe_cuda", "moe_forward",
-           "moe_supported", "op_tile", "padded_rows", "warmup_triton"]
+           "moe_supported", "op_tile", "padded_rows", "warmup_triton", "wperm_supported"]
 
 def choose_block_m(num_slots: int, num_experts: int) -> int:
     """Token tile for ``num_slots = T*k`` slots over ``num_experts`` local experts: the
@@ -117,8 +119,6 @@ def op_tile(num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
     family reads a permuted activation order
     (:func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm`). Benchmarks and tests that drive
     :func:`moe_forward` directly take the op's choice from here."""
-    from nvfp4_ops.kernels.linear_cuda import grouped_kperm
-
     block_m = covered_block_m(choose_block_m(num_tokens * top_k, num_experts), hidden_size,
                               inter)
     return block_m, grouped_kperm(hidden_size, inter, block_m)
@@ -148,6 +148,7 @@ def moe_forward(
     block_m: int | None = None,
     kperm: bool = False,
     pdl: bool = False,
+    wperm: bool = False,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) with the grouped GEMM passed in as ``gemm``.
 
@@ -163,7 +164,9 @@ def moe_forward(
     ``pair`` at 8, ``kperm`` at 16-256) and both GEMMs read them (``gemm`` then gets ``kperm=True``;
     :func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
     ``pdl``: launch overlap (module docstring, "Launch overlap"; ``gemm`` then gets
-    ``pdl=True``; the Triton kernels take it on CUDA tensors only).
+    ``pdl=True``; the Triton kernels take it on CUDA tensors only). ``wperm``: ``w13`` and
+    ``w2`` hold their codes in the bit order of :mod:`nvfp4_ops.kernels.wperm` (``gemm`` then
+    gets ``wperm=True``; needs ``kperm``).
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
@@ -178,6 +181,8 @@ def moe_forward(
     extra = {"kperm": True} if kperm else {}
     if pdl:
         extra["pdl"] = True
+    if wperm:
+        extra["wperm"] = True
     num_rows = a.shape[0]
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     # (the kernels take stride-0 fp32 views; gemm_interface)
@@ -194,24 +199,44 @@ def moe_forward(
     return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
 
 
+def wperm_supported(hidden_size: int, inter: int) -> bool:
+    """Whether the MoE's GPU kernels read ``w13`` / ``w2`` in the ``wperm`` bit order
+    (:mod:`nvfp4_ops.kernels.wperm`) at every token tile the op can choose: both grouped GEMMs
+    run a family with a permuted activation order (the streamed 8-token tiles, the WGMMA
+    ``kperm`` tiles), which decode with ``pair4`` / its ``wperm`` twin. Static: sizes only."""
+    if not moe_supported(hidden_size, inter):
+        return False
+    return all(grouped_kperm(hidden_size, inter, covered_block_m(bm, hidden_size, inter))
+               for bm in BLOCK_MS)
+
+
 def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-             w2_global, expert_start, swiglu_limit, output_scale):
+             w2_global, expert_start, swiglu_limit, output_scale, wperm=False):
     """``CUDA_KERNELS["moe"]``: the validated op arguments -> ``bf16 [T, H]``.
 
     Sizes the grouped GEMM does not cover (H or I not a multiple of 128) run the reference.
+    ``wperm`` weights need :func:`wperm_supported` (the op checks it first).
     """
     if not moe_supported(hidden.shape[1], w13.shape[1] // 2):
         from nvfp4_ops.reference import moe_reference
 
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
-                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
+                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
+                             wperm=wperm)
     from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
 
-    block_m, kperm = op_tile(hidden.shape[0], topk_ids.shape[1], w13.shape[0], hidden.shape[1],
-                             w13.shape[1] // 2)
+    hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
+    block_m, kperm = op_tile(hidden.shape[0], topk_ids.shape[1], w13.shape[0], hidden_size,
+                             inter)
+    if wperm and not wperm_supported(hidden_size, inter):
+        raise NVFP4InputError(f"nvfp4.moe: wperm weights at H={hidden_size}, I={inter} need "
+                              "kernels that read that order at every token tile, and these "
+                              "sizes have none (moe_cuda.wperm_supported); pass checkpoint-"
+                              "order weights")
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                       gemm=grouped_w4a16_gemm, block_m=block_m, kperm=kperm, pdl=True)
+                       gemm=grouped_w4a16_gemm, block_m=block_m, kperm=kperm, pdl=True,
+                       wperm=wperm)
 
 
 def warmup_triton(hidden_size: int, top_k: int, device: torch.device | str = "cuda",

@@ -36,6 +36,7 @@ __all__ = [
     "emulate_pair4",
     "emulate_wperm",
     "from_wperm",
+    "permute_",
     "source_bit",
     "to_wperm",
 ]
@@ -73,35 +74,48 @@ def _move(words: torch.Tensor, src: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-def _permute(w: torch.Tensor, src: tuple[int, ...]) -> torch.Tensor:
-    if w.dtype != torch.uint8 or w.shape[-1] % 4 != 0:
+def _permute(w: torch.Tensor, src: tuple[int, ...], out: torch.Tensor) -> torch.Tensor:
+    """``out`` = ``w`` with the bits of every u32 word moved by ``src``; ``out`` may be ``w``
+    (each row block is read whole before it is written)."""
+    if w.dtype != torch.uint8 or w.dim() < 1 or w.shape[-1] % 4 != 0:
         raise ValueError(f"w must be uint8 with a last dim that is a multiple of 4 (u32 words), "
                          f"got {w.dtype} {tuple(w.shape)}")
-    flat = w.contiguous().reshape(-1, w.shape[-1])
-    out = torch.empty_like(flat)
+    flat, flat_out = w.reshape(-1, w.shape[-1]), out.view(-1, w.shape[-1])
     # row blocks bound the int64 temporaries (8x the bytes of the block)
     step = max(1, (1 << 26) // max(1, flat.shape[1]))
     for r in range(0, flat.shape[0], step):
-        words = flat[r:r + step].view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        words = flat[r:r + step].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
         moved = _move(words, src)
         moved = torch.where(moved >= 2**31, moved - 2**32, moved).to(torch.int32)
-        out[r:r + step] = moved.view(torch.uint8)
-    return out.reshape(w.shape)
+        flat_out[r:r + step] = moved.view(torch.uint8)
+    return out
+
+
+def _inverse() -> tuple[int, ...]:
+    inv = [0] * 32
+    for p, s in enumerate(source_bit()):
+        inv[s] = p
+    return tuple(inv)
 
 
 def to_wperm(w: torch.Tensor) -> torch.Tensor:
     """Checkpoint-order packed codes ``uint8 [..., K/2]`` (K % 8 == 0) -> the ``wperm`` order
-    (same shape, dtype and device; a new tensor)."""
-    return _permute(w, source_bit())
+    (same shape, dtype and device; a new contiguous tensor)."""
+    return _permute(w, source_bit(), torch.empty_like(w, memory_format=torch.contiguous_format))
 
 
 def from_wperm(w: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`to_wperm`."""
-    src = source_bit()
-    inv = [0] * 32
-    for p, s in enumerate(src):
-        inv[s] = p
-    return _permute(w, tuple(inv))
+    return _permute(w, _inverse(), torch.empty_like(w, memory_format=torch.contiguous_format))
+
+
+def permute_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """:func:`to_wperm` (``inverse``: :func:`from_wperm`) in place on a contiguous ``w``,
+    with temporaries of one 64 MiB row block (for the load-time preparation of experts that
+    fill the GPU). Returns ``w``."""
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous for the in-place permutation")
+    return _permute(w, _inverse() if inverse else source_bit(), w)
 
 
 def _shift(words: torch.Tensor, s: int) -> torch.Tensor:

@@ -56,29 +56,32 @@ def _moe_op(
     global_num_experts: int,
     swiglu_limit: float | None,
     output_scale: float,
+    wperm: bool = False,
 ) -> torch.Tensor:
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
            expert_start, global_num_experts)
     return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
-                         w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
+                         w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
+                         wperm=wperm)
 
 
 @_moe_op.register_kernel("cuda")
 def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-      expert_start, global_num_experts, swiglu_limit, output_scale):
+      expert_start, global_num_experts, swiglu_limit, output_scale, wperm=False):
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
            expert_start, global_num_experts)
     impl = kernels.cuda_kernel("moe")
     if impl is None:
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
-                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale)
+                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
+                             wperm=wperm)
     return impl(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-                w2_global, expert_start, swiglu_limit, output_scale)
+                w2_global, expert_start, swiglu_limit, output_scale, wperm=wperm)
 
 
 @_moe_op.register_fake
 def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-      expert_start, global_num_experts, swiglu_limit, output_scale):
+      expert_start, global_num_experts, swiglu_limit, output_scale, wperm=False):
     check_moe_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
                    w2_global, expert_start)
     return hidden.new_empty(hidden.shape, dtype=torch.bfloat16)
@@ -99,6 +102,7 @@ def moe(
     global_num_experts: int = -1,
     swiglu_limit: float | None = None,
     output_scale: float = 1.0,
+    wperm: bool = False,
 ) -> torch.Tensor:
     """NVFP4 routed experts of one MoE layer (``torch.ops.nvfp4.moe``).
 
@@ -119,6 +123,10 @@ def moe(
         swiglu_limit: ``L`` of the clamped SwiGLU; None for none.
         output_scale: multiplier on the result (``routed_scaling_factor``; vLLM already folds
             it into ``topk_weights`` and passes 1.0).
+        wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
+            (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
+            decode with fewer instructions; on CUDA this needs
+            :func:`nvfp4_ops.kernels.moe_cuda.wperm_supported` (V4-Flash and V4-Pro: yes).
 
     Returns:
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.
@@ -126,8 +134,9 @@ def moe(
     Raises:
         NVFP4InputError: wrong dtype, shape, device or alignment; ids outside
             ``[0, global_num_experts)``; non-finite or non-positive global scales. The id and
-            scale checks read data, so they are skipped during CUDA-graph capture.
+            scale checks read data, so they are skipped during CUDA-graph capture. ``wperm``
+            weights on CUDA at sizes whose kernels cannot read them.
     """
     return torch.ops.nvfp4.moe(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                                w2_scale, w2_global, expert_start, global_num_experts,
-                               swiglu_limit, output_scale)
+                               swiglu_limit, output_scale, wperm)

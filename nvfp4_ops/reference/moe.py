@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4_ops.kernels.wperm import from_wperm
 from nvfp4_ops.reference.linear import linear_fp32
 from nvfp4_ops.reference.mlp import gate_up_activation
 
@@ -21,6 +22,7 @@ def moe_reference(
     expert_start: int,
     swiglu_limit: float | None,
     output_scale: float,
+    wperm: bool = False,
 ) -> torch.Tensor:
     """``out[t] = output_scale * sum_j topk_weights[t, j] * expert(topk_ids[t, j])(hidden[t])``.
 
@@ -35,6 +37,8 @@ def moe_reference(
         expert_start: first global id owned here.
         swiglu_limit: ``L`` or None.
         output_scale: multiplier on the sum (routed_scaling_factor).
+        wperm: ``w13`` / ``w2`` hold their codes in the bit order of
+            :mod:`nvfp4_ops.kernels.wperm` (undone here, exactly).
 
     Returns:
         ``bf16 [T, H]``. Each expert's output stays fp32; the k contributions are summed in
@@ -43,6 +47,8 @@ def moe_reference(
     Runs one expert at a time over the tokens routed to it (a host sync per expert: this is
     a reference, not a kernel).
     """
+    if wperm:
+        w13, w2 = from_wperm(w13), from_wperm(w2)
     num_tokens, top_k = topk_ids.shape
     num_experts = w13.shape[0]
     acc = torch.zeros(num_tokens, top_k, hidden.shape[1], dtype=torch.float32,

@@ -272,6 +272,8 @@ def test_after_processing_both_w13_scales_kept_and_input_scales_freed(processed)
         assert not hasattr(rx, "w13_input_scale") and not hasattr(rx, "w2_input_scale")
         # no repacked copy: the weights the op reads are the loaded parameters themselves
         assert rx.w13_weight.shape == (EXPERTS, 2 * MOE_INTER, HIDDEN // 2)
+        # on CPU the default (NVFP4_OPS_MOE_WPERM=auto) keeps the checkpoint bit order
+        assert rx.quant_method.wperm is False
         if processed["family"] == "modelopt":
             gu = _layer(processed["model"], layer).shared_experts.gate_up_proj
             s = ckpt.layers[layer]["shared"]
@@ -404,6 +406,44 @@ def test_expert_parallel_rank_uses_only_its_experts(processed):
         want = method.apply(full, x, torch.where(mine, w, 0.0).float(), ids, None, None)
         assert torch.equal(got, want), local
         assert not torch.equal(got, method.apply(full, x, w.float(), ids, None, None))
+
+
+def test_wperm_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
+    """``NVFP4_OPS_MOE_WPERM=1``: post-load processing permutes the experts' codes in place
+    (same storage, no copy) into the ``wperm`` bit order, and the routed experts then give
+    bitwise the checkpoint-order answer (the CPU reference undoes the order exactly)."""
+    from types import SimpleNamespace
+
+    from nvfp4_ops.kernels.wperm import to_wperm
+
+    monkeypatch.setenv("NVFP4_OPS_MOE_WPERM", "1")
+    ckpt = Checkpoint("modelopt", seed=13)
+    with built_model(ckpt, "native", str(tmp_path)) as eng:
+        rx = _routed(eng["model"], 1)
+        before = {n: getattr(rx, n).detach().clone() for n in ("w13_weight", "w2_weight")}
+        ptrs = {n: getattr(rx, n).data_ptr() for n in before}
+        process(eng)
+        method = rx.quant_method
+        assert method.wperm is True
+        for n, b in before.items():
+            assert getattr(rx, n).data_ptr() == ptrs[n]
+            assert torch.equal(getattr(rx, n), to_wperm(b))
+        x, tok = _inputs(ckpt, 1, seed=500)
+        ids, w, _ = ckpt.route(1, x, tok)
+        ids = ids.to(torch.int32)
+        with torch.no_grad():
+            got = method.apply(rx, x, w.float(), ids, None, None)
+            plain = SimpleNamespace(
+                global_num_experts=rx.global_num_experts, swiglu_limit=rx.swiglu_limit,
+                w13_weight=before["w13_weight"], w2_weight=before["w2_weight"],
+                **{n: getattr(rx, n) for n in ("w13_weight_scale", "w13_weight_scale_2",
+                                               "w2_weight_scale", "w2_weight_scale_2")})
+            method.wperm = False
+            try:
+                want = method.apply(plain, x, w.float(), ids, None, None)
+            finally:
+                method.wperm = True
+        assert torch.isfinite(want).all() and torch.equal(got, want)
 
 
 def test_fused_shards_load_in_any_order(vllm_cpu, tmp_path):
