@@ -55,3 +55,15 @@ def alternate(runs: dict[Hashable, Callable[[], object]], rounds: int, reps: int
         for key, fn in runs.items():
             times[key].append(bench_moe.time_graph(fn, reps, 2, flush))
     return {key: statistics.median(v) for key, v in times.items()}, times
+
+
+def alternate_cases(cases: dict[str, dict[str, Callable[[], object]]], rounds: int, reps: int,
+                    flush: torch.Tensor) -> dict[str, dict[str, float]]:
+    """:func:`alternate` over every variant of every case (``{case: {variant: fn}}``), all
+    interleaved in each round; returns ``{case: {variant: median µs}}`` in the same order."""
+    flat, _ = alternate({(case, name): fn for case, vs in cases.items()
+                         for name, fn in vs.items()}, rounds, reps, flush)
+    med: dict[str, dict[str, float]] = {}
+    for (case, name), us in flat.items():
+        med.setdefault(case, {})[name] = us
+    return med

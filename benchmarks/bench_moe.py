@@ -2,7 +2,9 @@
 
 Side by side in the same run, for each shape and token count ``T``:
 
-* **ours**: ``nvfp4_ops.moe`` with NVFP4 weights;
+* **ours**: ``nvfp4_ops.moe`` with NVFP4 weights, their codes in the bit order the vLLM glue
+  uses (``--weight-order auto``: ``wperm`` where ``moe_cuda.wperm_supported``, prepared once
+  with ``nvfp4_ops.to_wperm_``; ``checkpoint`` / ``wperm`` force one);
 * **bf16**: the same MoE with bf16 weights and ``torch._grouped_mm`` (routing by ``argsort``,
   gather, grouped GEMM 1, clamped SwiGLU, grouped GEMM 2, router weight, ``index_add_``
   combine) on the same routing.
@@ -174,16 +176,18 @@ def versions() -> dict[str, str]:
     return out
 
 
-def check(shape: MoEShape, experts, tokens, device: str) -> list[dict]:
-    """Ours vs the reference on the benchmark's own weights and routing."""
+def check(shape: MoEShape, experts, tokens, device: str, wperm: bool = False) -> list[dict]:
+    """Ours vs the reference on the benchmark's own weights and routing (``wperm``: the
+    weights' codes are in that bit order; both read them so)."""
     from nvfp4_ops.reference import moe_reference
 
     results = []
     for num_tokens in tokens:
         hidden, ids, weights = moe_inputs(shape, num_tokens, num_tokens, device)
         args = (hidden, ids, weights, *experts)
-        got = nvfp4_ops.moe(*args, swiglu_limit=shape.swiglu_limit, output_scale=1.5)
-        want = moe_reference(*args, 0, shape.swiglu_limit, 1.5)
+        got = nvfp4_ops.moe(*args, swiglu_limit=shape.swiglu_limit, output_scale=1.5,
+                            wperm=wperm)
+        want = moe_reference(*args, 0, shape.swiglu_limit, 1.5, wperm=wperm)
         err = rel_l2(got, want)
         ok = err < 4e-3 and not bool(got.isnan().any())
         results.append({"shape": shape.name, "T": num_tokens, "rel_l2": err, "ok": ok})
@@ -193,11 +197,19 @@ def check(shape: MoEShape, experts, tokens, device: str) -> list[dict]:
 
 
 def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bool,
-                device: str) -> tuple[list[Row], list[dict]]:
+                device: str, weight_order: str = "auto") -> tuple[list[Row], list[dict]]:
     from nvfp4_ops.kernels import moe_cuda
 
     t0 = time.time()
     experts = fast_random_experts(shape, device)
+    # the weight bit order the vLLM glue would use ("auto"), or the one asked for
+    wperm = weight_order == "wperm" or (
+        weight_order == "auto" and moe_cuda.wperm_supported(shape.hidden, shape.intermediate))
+    if wperm:
+        nvfp4_ops.to_wperm_(experts[0])
+        nvfp4_ops.to_wperm_(experts[3])
+    print(f"{shape.name}: weight codes in the {'wperm' if wperm else 'checkpoint'} bit order",
+          flush=True)
     base = Bf16GroupedMoE(shape, device) if baseline else None
     torch.cuda.synchronize()
     print(f"{shape.name}: weights ready in {time.time() - t0:.1f} s", flush=True)
@@ -207,7 +219,7 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
     _compile.warmup([shape.name])  # grouped-GEMM variants: compile (or load) + run once
     moe_cuda.warmup_triton(shape.hidden, shape.top_k, device)
     print(f"{shape.name}: warmup {time.time() - t0:.1f} s", flush=True)
-    checks = check(shape, experts, CHECK_TOKENS, device) if do_check else []
+    checks = check(shape, experts, CHECK_TOKENS, device, wperm) if do_check else []
     if do_check and not all(c["ok"] for c in checks):
         raise SystemExit(f"{shape.name}: --check failed: {checks}")
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
@@ -223,7 +235,8 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
 
         def ours(hidden=hidden, ids=ids, weights=weights):
             return nvfp4_ops.moe(hidden, ids, weights, *experts,
-                                 swiglu_limit=shape.swiglu_limit, output_scale=1.0)
+                                 swiglu_limit=shape.swiglu_limit, output_scale=1.0,
+                                 wperm=wperm)
 
         def bf16(hidden=hidden, ids=ids, weights=weights):
             return base(hidden, ids, weights)
@@ -349,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="verify against the reference first")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument("--weight-order", choices=["auto", "checkpoint", "wperm"],
+                        default="auto", help="the experts' code bit order (auto: wperm where "
+                        "the kernels read it, as the vLLM glue does)")
     parser.add_argument("--sweep", action="store_true",
                         help="diagnostics only: whole op per block_m and per-stage times")
     args = parser.parse_args(argv)
@@ -370,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     all_rows, all_checks = [], []
     for name in args.shapes:
         rows, checks = bench_shape(get_shape(name), args.tokens, args.reps, args.check,
-                                   not args.no_baseline, device)
+                                   not args.no_baseline, device, args.weight_order)
         all_rows += rows
         all_checks += checks
         torch.cuda.empty_cache()  # this shape's weights are gone; give the next one room
@@ -382,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu, "versions": versions(), "utc": stamp,
         "method": "CUDA-graph replay, L2 flushed before each replay, median of reps",
         "reps": args.reps, "implementation": nvfp4_ops.kernels.describe("moe", device),
+        "weight_order": args.weight_order,
         "roofline": {"hbm_tbps": HBM_TBPS, "peak_tflops": PEAK_TFLOPS},
         "checks": all_checks, "rows": [dataclasses.asdict(r) for r in all_rows],
     }

@@ -122,11 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         print(f"{label}: {len(vs)} configs agree on the rows read (bitwise at the same "
               "warps_k)", flush=True)
-    flat, _ = _ab.alternate({(label, cfg.name): fn for label, vs in cases for cfg, fn in vs},
-                            args.rounds, args.reps, flush)
-    med: dict[str, dict[str, float]] = {}
-    for (label, name), us in flat.items():
-        med.setdefault(label, {})[name] = us
+    med = _ab.alternate_cases({label: {cfg.name: fn for cfg, fn in vs} for label, vs in cases},
+                              args.rounds, args.reps, flush)
     print(f"{'case':24s} {'config':64s} {'us':>8s} {'x chosen':>8s}")
     for label, d in med.items():
         first = next(iter(d.values()))

@@ -119,11 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: wperm output DIFFERS from the checkpoint order")
             return 1
         print(f"{label}: bitwise equal ({got[0].shape[0]} rows)", flush=True)
-    flat, _ = _ab.alternate({(label, name): fn for label, vs, _, _ in cases for name, fn in vs},
-                            args.rounds, args.reps, flush)
-    med: dict[str, dict[str, float]] = {}
-    for (label, name), us in flat.items():
-        med.setdefault(label, {})[name] = us
+    med = _ab.alternate_cases({label: dict(vs) for label, vs, _, _ in cases}, args.rounds,
+                              args.reps, flush)
     print(f"{'case':28s} {'checkpoint us':>14s} {'wperm us':>10s} {'wperm/ckpt':>10s}")
     for label, d in med.items():
         base_us, wp_us = d.values()
