@@ -11,12 +11,13 @@ also be in the ``wperm`` bit order (:mod:`nvfp4_ops.kernels.wperm`). Dense M = 1
 
 Cases: (7168, 18432) and (18432, 7168) at ``--ms``, the dispatch's tile and config
 (``linear_cuda.choose_config``), three variants: ``natural`` (what ships), ``kperm`` (the same
-config with ``kperm=True`` on ``kperm.permute_k(x)``), ``kperm+wperm`` (also ``wperm=True`` on
-``wperm.to_wperm(w)``); plus the permute itself (``permute_k``, a torch gather: an upper bound
-for a fused or Triton permute). Checks first: ``kperm`` within fp32-order noise of ``natural``
-(max abs diff <= 2e-2 x max |natural|: only the k summation order differs), ``kperm+wperm``
-bitwise equal to ``kperm``. Timing: CUDA graphs, L2 flushed before every replay, variants
-alternating for ``--rounds`` rounds; median µs; bf16 ``torch.matmul`` in the same rounds.
+config with ``kperm=True`` on ``x`` permuted as ``kperm.permute_k`` does), ``kperm+wperm`` (also
+``wperm=True`` on ``wperm.to_wperm(w)``); plus the permute itself (``index_select`` with a
+prebuilt index, a torch gather: an upper bound for a fused or Triton permute). Checks first:
+``kperm`` within fp32-order noise of ``natural`` (max abs diff <= 2e-2 x max |natural|: only the
+k summation order differs), ``kperm+wperm`` bitwise equal to ``kperm``. Timing: CUDA graphs, L2
+flushed before every replay, variants alternating for ``--rounds`` rounds; median µs; bf16
+``torch.matmul`` in the same rounds.
 
 Usage: ``python benchmarks/dev_ab_dense_kperm.py [--ms 64 128 256 1024 8192] [--reps 20]
 [--rounds 3] [--out FILE.json]``.
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels.kperm import permute_k
+    from nvfp4_ops.kernels.kperm import KPERM, _index
     from nvfp4_ops.kernels.wperm import to_wperm
 
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -56,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         wg = torch.rand(n, device="cuda") * 0.02 + 0.005
         gv = L.per_row_global_view(wg, n)
         w_bf16 = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        # built outside the graphs (kperm.permute_k builds it per call from a host list)
+        idx = _index(k, KPERM, "cuda")
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            xp = permute_k(x)
+            xp = x.index_select(1, idx)
             bm = L.block_m_for_tokens(m)
             base = L.choose_config(n, k, bm, "none", False, False,
                                    min(-(-m // bm), L._m_tiles_cap()))
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             variants = {"natural": run(base, x, w, outs["natural"]),
                         "kperm": run(kp, xp, w, outs["kperm"]),
                         "kperm+wperm": run(kpw, xp, w_p, outs["kperm+wperm"]),
-                        "permute_k(x)": lambda x=x: permute_k(x),
+                        "permute_k(x)": lambda x=x, idx=idx: x.index_select(1, idx),
                         "bf16 matmul": lambda x=x, w_bf16=w_bf16: x @ w_bf16.t()}
             label = f"{n}x{k} M={m} ({base.name[8:]})"
             for v, out in outs.items():
