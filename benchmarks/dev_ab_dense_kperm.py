@@ -11,15 +11,16 @@ also be in the ``wperm`` bit order (:mod:`nvfp4_ops.kernels.wperm`). Dense M = 1
 
 Cases: (7168, 18432) and (18432, 7168) at ``--ms``, the dispatch's tile and config
 (``linear_cuda.choose_config``), three variants: ``natural`` (what ships), ``kperm`` (the same
-config with ``kperm=True`` on ``x`` permuted as ``kperm.permute_k`` does), ``kperm+wperm`` (also
-``wperm=True`` on ``wperm.to_wperm(w)``); plus the permute itself (``index_select`` with a
-prebuilt index, a torch gather: an upper bound for a fused or Triton permute). Checks first:
-``kperm`` within fp32-order noise of ``natural`` (max abs diff <= 2e-2 x max |natural|: only the
-k summation order differs), ``kperm+wperm`` bitwise equal to ``kperm``. Timing: CUDA graphs, L2
-flushed before every replay, variants alternating for ``--rounds`` rounds; median µs; bf16
-``torch.matmul`` in the same rounds.
+config with ``kperm=True``; at M = 16 / 32, where ``mma.sync`` ships, the WGMMA tile of that
+size with ``kperm``, one row warpgroup and 4 stages as the MoE's small tiles) on ``x`` permuted
+as ``kperm.permute_k`` does), ``kperm+wperm`` (also ``wperm=True`` on ``wperm.to_wperm(w)``);
+plus the permute itself (``index_select`` with a prebuilt index, a torch gather: an upper bound
+for a fused or Triton permute). Checks first: ``kperm`` within fp32-order noise of ``natural``
+(max abs diff <= 2e-2 x max |natural|: only the k summation order differs), ``kperm+wperm``
+bitwise equal to ``kperm``. Timing: CUDA graphs, L2 flushed before every replay, variants
+alternating for ``--rounds`` rounds; median µs; bf16 ``torch.matmul`` in the same rounds.
 
-Usage: ``python benchmarks/dev_ab_dense_kperm.py [--ms 64 128 256 1024 8192] [--reps 20]
+Usage: ``python benchmarks/dev_ab_dense_kperm.py [--ms 16 32 64 128 256 1024 8192] [--reps 20]
 [--rounds 3] [--out FILE.json]``.
 """
 
@@ -38,12 +39,13 @@ import _ab  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = _ab.parser(__doc__, tokens=[], reps=20)
-    parser.add_argument("--ms", nargs="+", type=int, default=[64, 128, 256, 1024, 8192])
+    parser.add_argument("--ms", nargs="+", type=int, default=[16, 32, 64, 128, 256, 1024, 8192])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.cute import w4a16_wgmma as W
     from nvfp4_ops.kernels.kperm import KPERM, _index
     from nvfp4_ops.kernels.wperm import to_wperm
 
@@ -65,11 +67,16 @@ def main(argv: list[str] | None = None) -> int:
             bm = L.block_m_for_tokens(m)
             base = L.choose_config(n, k, bm, "none", False, False,
                                    min(-(-m // bm), L._m_tiles_cap()))
-            if type(base).__module__.rsplit(".", 1)[1] != "w4a16_wgmma":
-                print(f"{n}x{k} M={m}: {base.name} is not a WGMMA config; skipped")
+            if type(base).__module__.rsplit(".", 1)[1] == "w4a16_wgmma":
+                kp = dataclasses.replace(base, kperm=True)
+            elif bm in (16, 32):
+                # mma.sync ships here; the WGMMA tile of the same size on permuted x instead,
+                # shaped as the MoE's small tiles (one row warpgroup, 4 stages: 2x the CTAs)
+                kp = W.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4, kperm=True)
+            else:
+                print(f"{n}x{k} M={m}: {base.name} (streamed tile); skipped")
                 continue
-            kp = dataclasses.replace(base, kperm=True)
-            kpw = dataclasses.replace(base, kperm=True, wperm=True)
+            kpw = dataclasses.replace(kp, wperm=True)
             outs = {v: torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
                     for v in ("natural", "kperm", "kperm+wperm")}
 
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kperm+wperm": run(kpw, xp, w_p, outs["kperm+wperm"]),
                         "permute_k(x)": lambda x=x, idx=idx: x.index_select(1, idx),
                         "bf16 matmul": lambda x=x, w_bf16=w_bf16: x @ w_bf16.t()}
-            label = f"{n}x{k} M={m} ({base.name[8:]})"
+            label = f"{n}x{k} M={m} ({base.name.split('_', 1)[1][:28]} | {kp.name[8:]})"
             for v, out in outs.items():
                 out.fill_(float("nan"))
                 variants[v]()
