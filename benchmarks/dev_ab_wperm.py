@@ -39,12 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    _, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda as M
     from nvfp4_ops.kernels.triton import moe_routing as R
     from nvfp4_ops.kernels.wperm import to_wperm
-    from nvfp4_ops.testing import random_routing
 
     print("permuting the expert weights on the GPU ...", flush=True)
     w13_p, w2_p = to_wperm(w13), to_wperm(w2)
@@ -53,11 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     h, i = shape.hidden, shape.intermediate
     cases = []  # (label, [(name, fn)], dst, rows mask)
     for t in args.tokens:
-        torch.manual_seed(11 + t)
-        bm = M.covered_block_m(M.choose_block_m(t * shape.top_k, shape.experts), h, i)
-        kperm = L.grouped_kperm(h, i, bm)
-        hidden = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-        ids, weights = random_routing(t, shape.experts, shape.top_k, device="cuda")
+        bm, kperm = M.op_tile(t, shape.top_k, shape.experts, h, i)
+        hidden, ids, weights = bench_moe.moe_inputs(shape, t, 11 + t)
         rt = R.moe_routing(ids, shape.experts, 0, bm)
         a, row_scale = R.gather_rows(hidden, weights, rt, kperm)
         p = a.shape[0]
