@@ -81,7 +81,8 @@ def test_register_split_fits_the_launch_allocation():
 
 def test_small_tiles_have_no_smem_floor():
     """block_m 16-64: no setmaxnreg, so no 116 KiB floor (2-3 CTAs per SM fit); grouped 16 /
-    32 take one row warpgroup and a 4-stage ring (choose_config, H200 sweep of session 5)."""
+    32 take one row warpgroup and a 3-5 stage ring (choose_config, H200 sweeps of sessions 5
+    and 7)."""
     for bm in (16, 32, 64):
         cfg = w4a16_wgmma.choose_config(4096, 4096, bm, "swiglu", grouped=True)
         small = w4a16_wgmma.GROUPED_SMALL_TILES.get((bm, "swiglu"))

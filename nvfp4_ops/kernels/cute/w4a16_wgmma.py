@@ -258,7 +258,7 @@ DENSE_TILES = {
     256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
 }
 #: grouped ``block_m`` -> ring stages of the one-row-warpgroup tile (:func:`choose_config`)
-GROUPED_SMALL_TILES = {(16, "swiglu"): 3, (32, "swiglu"): 3, (16, "row_scale"): 4,
+GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 5,
                        (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
 #: ``m_tiles`` above this are treated as this (bounds the set of configs a dispatch can reach).
 #: Unclamped, the estimate picks ``row_wgs=2, split_k=1`` for every m_tiles in 11-128 at the
@@ -283,11 +283,13 @@ def choose_config(
     call).
 
     Grouped tiles of 16 and 32 tokens (the MoE at a mean of 9-32 rows per expert): one row
-    warpgroup per CTA and a 4-stage ring (twice the CTAs of two warpgroups, and less shared
-    memory each). H200, V4-Flash in the MoE's conditions (benchmarks/results/
-    h200_2026-12-01_s5/wgmma_tiles/, two runs): T = 512 (block_m 16) gate/up 1117 -> 1012-1043
-    us, down 531-540 -> 523-525; T = 1024 (block_m 32) gate/up 1325 -> 1209, down 638 -> 572
-    (3 stages: gate/up 1027-1154, down 530-586; 2 stages 15-20 % slower than two warpgroups).
+    warpgroup per CTA (twice the CTAs of two warpgroups) and a 3-5 stage ring
+    (:data:`GROUPED_SMALL_TILES`). H200, V4-Flash in the MoE's conditions (benchmarks/results/
+    h200_2026-12-01_s5/wgmma_tiles/ runs 1-2, h200_2026-12-01_s7/ab/ run 3): T = 512
+    (block_m 16) gate/up two warpgroups 1117 us, one with 4 stages 1012 / 1043 / 1030, 3 stages
+    1027 / 1060; down 5 stages 520 / 522, 4 stages 523 / 525 / 529; T = 1024 (block_m 32, one
+    run) gate/up 3 stages 1154 vs 4 stages 1209, down 4 stages 572 vs 3 / 5 stages 586 / 615.
+    2 stages is 15-30 % slower everywhere.
 
     Other grouped problems (``P`` unknown when choosing) and dense tiles of 16-64 tokens: two
     row warpgroups share each activation tile (half the shared-memory traffic per weight row)
