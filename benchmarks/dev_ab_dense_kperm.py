@@ -1,5 +1,6 @@
 """A/B helper (diagnostics, needs a GPU): dense linears (M >= 64, the WGMMA family) on
-k-permuted activations (EXPERIMENT, not wired into ``nvfp4::linear``).
+k-permuted activations (an experiment: not wired into ``nvfp4::linear``; branch ``dense-kperm``
+wires it, and session 7's A/B, benchmarks/results/h200_2026-12-01_s7/ab/, kept it out).
 
 Why: the MoE's WGMMA tiles read their activations in the 32-block ``kperm`` order
 (:mod:`nvfp4_ops.kernels.kperm`), so each lane decodes its own 4 weight bytes with ``pair4``

@@ -1,5 +1,5 @@
-"""A/B helper (diagnostics, needs a GPU): the ``wperm`` weight bit order (EXPERIMENT,
-:mod:`nvfp4_ops.kernels.wperm`: 11 instead of 16 integer SASS instructions per decoded word,
+"""A/B helper (diagnostics, needs a GPU): the ``wperm`` weight bit order
+(:mod:`nvfp4_ops.kernels.wperm`: 11 instead of 16 integer SASS instructions per decoded word,
 the streamed kernel's main loop 437 -> 357 instructions per 16 MMAs, 62 -> 55 registers) vs the
 checkpoint order, same configs otherwise.
 

@@ -1,4 +1,4 @@
-"""The ``wperm`` bit order (EXPERIMENT, :mod:`nvfp4_ops.kernels.wperm`): the permutation, the
+"""The ``wperm`` bit order (:mod:`nvfp4_ops.kernels.wperm`): the permutation, the
 decoder's integer part against ``pair4``'s, and the kernels that read it compile for sm_90a
 with fewer decode instructions."""
 

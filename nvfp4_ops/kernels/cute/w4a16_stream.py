@@ -214,7 +214,7 @@ class StreamConfig(GemmProblem):
     #: programmatic dependent launch, the producer streaming weights before the previous
     #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
     pdl: bool = False
-    #: EXPERIMENT: the weight codes are in the ``wperm`` bit order of
+    #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (a cheaper decode, bitwise the same MMAs)
     wperm: bool = False
     arch: str = "sm_90a"

@@ -166,7 +166,7 @@ class WgmmaConfig(GemmProblem):
     #: first stages' weights before ``griddepcontrol.wait``, activations only after it (the
     #: ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
     pdl: bool = False
-    #: EXPERIMENT: the weight codes are in the ``wperm`` bit order of
+    #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` only: the ``pair4`` path)
     wperm: bool = False
     arch: str = "sm_90a"
