@@ -16,7 +16,9 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NVFP4_OPS_CACHE_DIR="${NVFP4_OPS_CACHE_DIR:-/tmp/nvfp4_cache}"
 limit=150; test_limit=270
 if [ "$phase" != all ]; then limit=240; test_limit=330; fi
-timeout $limit python3 -m nvfp4_ops precompile --shape v4-flash --shape v4-pro 2>&1 | tail -3 \
+# 8 compile workers first (precompile --jobs), then load + run each variant once
+timeout $limit python3 -m nvfp4_ops precompile --shape v4-flash --shape v4-pro --jobs 8 2>&1 \
+  | tail -3 \
   | tee "$out/precompile.log"
 if [ "$phase" != bench ]; then
   timeout $test_limit python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \

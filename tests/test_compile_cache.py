@@ -127,3 +127,22 @@ def test_package_import_does_not_import_cutlass():
         assert not bad, bad
     """)
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_precompile_jobs_fills_the_disk_cache(tmp_path):
+    """``precompile --jobs 2``: worker processes compile every variant into the disk cache
+    (the summary counts their compiles); a second, serial precompile then compiles nothing."""
+    env = dict(os.environ, NVFP4_OPS_CACHE_DIR=str(tmp_path / "jobs_cache"))
+    cmd = [sys.executable, "-m", "nvfp4_ops", "precompile", "--shape", "tiny", "--no-run"]
+    first = subprocess.run(cmd + ["--jobs", "2"], env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert first.returncode == 0, first.stderr[-2000:]
+    total = len(linear_cuda.variants_for_shapes(["tiny"]))
+    assert f"{total} compiled by 2 workers" in first.stdout
+    assert f"{total} variants ready ({total} compiled, 0 from cache)" in first.stdout
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"{total} variants ready (0 compiled, {total} from cache)" in second.stdout
+    bad = subprocess.run(cmd + ["--jobs", "0"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr

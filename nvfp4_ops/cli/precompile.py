@@ -4,6 +4,12 @@ On a CPU-only machine this compiles every CuTeDSL variant the shapes can reach f
 (how CI and reviewers check that every kernel compiles); with a GPU it also runs each once
 (that is :func:`nvfp4_ops.warmup`). Binaries land in the disk cache
 (``NVFP4_OPS_CACHE_DIR``), so a later process loads instead of compiling.
+
+``--jobs N`` compiles in ``N`` worker processes first (compile only, into the disk cache, which
+is safe across processes), then the main process loads every variant from disk and, with a
+GPU, runs each once: on a 16-core GPU machine this is ~8x faster than compiling one variant
+after another. Needs the disk cache (not with ``NVFP4_OPS_DISK_CACHE=0``); each worker holds
+its own CuTeDSL toolchain (~1 GB of memory).
 """
 
 from __future__ import annotations
@@ -14,6 +20,38 @@ import sys
 import time
 
 
+def _compile_only(cfg) -> tuple[str, int]:
+    """Worker: compile (or find on disk) one config, no CUDA; returns (name, compiles)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4_ops import _compile
+    from nvfp4_ops.kernels import linear_cuda
+
+    before = _compile.compile_count()
+    linear_cuda.compiled_gemm(cfg)
+    return cfg.name, _compile.compile_count() - before
+
+
+def _compile_parallel(shapes: list[str], include_moe: bool, jobs: int) -> int:
+    """Compile every variant of ``shapes`` into the disk cache with ``jobs`` worker processes
+    (spawned: no CUDA state is inherited); returns how many were compiled (not found on disk)."""
+    import concurrent.futures
+    import multiprocessing
+
+    from nvfp4_ops.kernels import linear_cuda
+
+    variants = linear_cuda.variants_for_shapes(shapes, include_moe=include_moe)
+    compiled = 0
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_compile_only, cfg) for cfg in variants]
+        for i, fut in enumerate(concurrent.futures.as_completed(futures)):
+            name, n = fut.result()
+            compiled += n
+            print(f"[{i + 1}/{len(variants)}] {name} ({'compiled' if n else 'on disk'}, "
+                  f"worker)", flush=True)
+    return compiled
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvfp4_ops precompile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -22,7 +60,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-moe", action="store_true", help="skip the MoE grouped GEMMs")
     parser.add_argument("--no-run", action="store_true",
                         help="compile only, even when a GPU is present")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="compile in this many worker processes first (default 1: none)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported
     import torch
 
@@ -36,11 +78,20 @@ def main(argv: list[str]) -> int:
           f"{'compile + run once' if run else 'compile only'}, cache "
           f"{_compile.cache_dir() or 'disabled'}", flush=True)
     start = time.perf_counter()
+    worker_compiles = 0
+    if args.jobs > 1:
+        if _compile.cache_dir() is None:
+            parser.error("--jobs needs the disk cache (NVFP4_OPS_DISK_CACHE=0 is set)")
+        worker_compiles = _compile_parallel(args.shape, not args.no_moe, args.jobs)
+        print(f"precompile: {worker_compiles} compiled by {args.jobs} workers in "
+              f"{time.perf_counter() - start:.1f} s; loading{' and running' if run else ''}",
+              flush=True)
     names = nvfp4_ops.warmup(args.shape, run=run, include_moe=not args.no_moe,
                              progress=lambda line: print(line, flush=True))
-    print(f"precompile: {len(names)} variants ready ({_compile.compile_count()} compiled, "
-          f"{len(names) - _compile.compile_count()} from cache) in "
-          f"{time.perf_counter() - start:.1f} s", flush=True)
+    compiled = _compile.compile_count() + worker_compiles
+    print(f"precompile: {len(names)} variants ready ({compiled} compiled, "
+          f"{len(names) - compiled} from cache) in {time.perf_counter() - start:.1f} s",
+          flush=True)
     return 0
 
 
