@@ -146,3 +146,18 @@ def test_precompile_jobs_fills_the_disk_cache(tmp_path):
     bad = subprocess.run(cmd + ["--jobs", "0"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr
+
+
+def test_precompile_jobs_falls_back_to_one_process(monkeypatch, capsys):
+    """If the worker pool fails, precompile says so and compiles in its own process."""
+    from nvfp4_ops.cli import precompile
+
+    def broken(*args):
+        raise RuntimeError("no workers here")
+
+    monkeypatch.setattr(precompile, "_compile_parallel", broken)
+    assert precompile.main(["--shape", "tiny", "--no-run", "--jobs", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "compile workers failed (RuntimeError: no workers here)" in captured.err
+    total = len(linear_cuda.variants_for_shapes(["tiny"]))
+    assert f"{total} variants ready" in captured.out

@@ -82,10 +82,15 @@ def main(argv: list[str]) -> int:
     if args.jobs > 1:
         if _compile.cache_dir() is None:
             parser.error("--jobs needs the disk cache (NVFP4_OPS_DISK_CACHE=0 is set)")
-        worker_compiles = _compile_parallel(args.shape, not args.no_moe, args.jobs)
-        print(f"precompile: {worker_compiles} compiled by {args.jobs} workers in "
-              f"{time.perf_counter() - start:.1f} s; loading{' and running' if run else ''}",
-              flush=True)
+        try:
+            worker_compiles = _compile_parallel(args.shape, not args.no_moe, args.jobs)
+        except Exception as exc:  # noqa: BLE001 - the serial pass below still compiles all
+            print(f"precompile: the {args.jobs} compile workers failed ({type(exc).__name__}: "
+                  f"{exc}); compiling in this process instead", file=sys.stderr, flush=True)
+        else:
+            print(f"precompile: {worker_compiles} compiled by {args.jobs} workers in "
+                  f"{time.perf_counter() - start:.1f} s; loading"
+                  f"{' and running' if run else ''}", flush=True)
     names = nvfp4_ops.warmup(args.shape, run=run, include_moe=not args.no_moe,
                              progress=lambda line: print(line, flush=True))
     compiled = _compile.compile_count() + worker_compiles
