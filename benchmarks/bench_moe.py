@@ -41,6 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from _timing import capture, replay_median_us
@@ -285,38 +286,100 @@ def moe_inputs(shape: MoEShape, num_tokens: int, seed: int, device: str = "cuda"
     return hidden, ids, weights
 
 
+@dataclass
+class MoEGemm:
+    """One of the MoE's grouped GEMMs with the operands the op gives it (:func:`moe_gemms`):
+    ``a [P, K]`` -> ``out [P, N_out]`` over the routing's tiles, weights ``w [E, N, K/2]``,
+    block scales, the global-scale view the op passes, and the epilogue's extras."""
+
+    name: str  # "gemm1" (gate/up + SwiGLU) or "gemm2" (down + router weight)
+    n: int
+    k: int
+    epilogue: str
+    a: torch.Tensor
+    out: torch.Tensor
+    w: torch.Tensor
+    w_scale: torch.Tensor
+    w_global: torch.Tensor
+    row_scale: torch.Tensor | None
+    swiglu_limit: float | None
+    routing: object  # moe_routing.MoERouting
+    block_m: int
+
+    def run(self, **kw):
+        """The op's own dispatch (``grouped_w4a16_gemm``); ``kw``: kperm, pdl, wperm."""
+        from nvfp4_ops.kernels import linear_cuda
+
+        return linear_cuda.grouped_w4a16_gemm(
+            self.a, self.routing.tile_expert, self.w, self.w_scale, self.w_global, self.out,
+            epilogue=self.epilogue, swiglu_limit=self.swiglu_limit, row_scale=self.row_scale,
+            bias=None, block_m=self.block_m, tile_rows=self.routing.tile_rows, **kw)
+
+    def launcher(self, cfg, w: torch.Tensor | None = None):
+        """A zero-argument callable launching kernel config ``cfg`` on these operands (``w``:
+        other weights of the same shape, e.g. in another code order)."""
+        from nvfp4_ops.kernels import linear_cuda
+
+        w = self.w if w is None else w
+        return lambda: linear_cuda._launch(cfg, self.a, self.routing.tile_expert, w,
+                                           self.w_scale, self.w_global, self.out,
+                                           self.swiglu_limit, self.row_scale, None,
+                                           self.routing.tile_rows)
+
+
+class MoEGemms(NamedTuple):
+    """The op's data flow up to its GEMMs at one tile (:func:`moe_gemms`)."""
+
+    routing: object  # moe_routing.MoERouting at block_m
+    gemm1: MoEGemm  # reads the gathered rows, writes act [P, I]
+    gemm2: MoEGemm  # reads act, writes the router-weighted expert outputs [P, H]
+    real: torch.Tensor  # bool [P]: rows of real (not skipped) tiles, the rows the op reads
+    m_tiles: int  # ceil(P / block_m), clamped as the op clamps it
+
+
+def moe_gemms(shape: MoEShape, experts, hidden, ids, weights, block_m: int,
+              kperm: bool) -> MoEGemms:
+    """Routing and gather as ``moe_cuda.moe_forward`` runs them (``kperm``: the gather writes
+    the permuted order of the family serving ``block_m``), and the two grouped GEMMs with
+    their operands, outputs allocated once (outside any graph capture)."""
+    from nvfp4_ops.kernels import linear_cuda
+    from nvfp4_ops.kernels.triton import moe_routing
+
+    w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
+    inter, hidden_size = shape.intermediate, shape.hidden
+    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
+    p = a.shape[0]
+    act = torch.empty(p, inter, dtype=torch.bfloat16, device=hidden.device)
+    y = torch.empty(p, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    common = {"routing": routing, "block_m": block_m}
+    gemm1 = MoEGemm("gemm1", 2 * inter, hidden_size, "swiglu", a, act, w13, w13_scale,
+                    linear_cuda.gate_up_global_view(w13_global, inter), None,
+                    shape.swiglu_limit, **common)
+    gemm2 = MoEGemm("gemm2", hidden_size, inter, "row_scale", act, y, w2, w2_scale,
+                    linear_cuda.per_group_global_view(w2_global, hidden_size), row_scale,
+                    None, **common)
+    real = torch.repeat_interleave(routing.tile_expert >= 0, block_m)[:p]
+    m_tiles = min(p // block_m, linear_cuda._m_tiles_cap(True))
+    return MoEGemms(routing, gemm1, gemm2, real, m_tiles)
+
+
 def moe_stages(shape: MoEShape, experts, hidden, ids, weights, block_m: int,
                kperm: bool) -> dict:
     """Stage name -> zero-argument callable for the op's stages at one tile (routing + gather,
-    GEMM 1, GEMM 2, combine), as ``moe_cuda.moe_forward`` runs them (launch overlap off). The
-    GEMMs' inputs and outputs are prepared once here, outside any graph capture; the global
-    scales are passed as the views the op passes (``[E, 2, I]``, ``[E, 1, H]``)."""
-    from nvfp4_ops.kernels import linear_cuda
+    GEMM 1, GEMM 2, combine), as ``moe_cuda.moe_forward`` runs them (launch overlap off), on
+    the operands of :func:`moe_gemms`."""
     from nvfp4_ops.kernels.triton import moe_combine, moe_routing
 
-    w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
-    gemm = linear_cuda.grouped_w4a16_gemm
-    num_tokens, inter, hidden_size = hidden.shape[0], shape.intermediate, shape.hidden
     kw = {"kperm": True} if kperm else {}
-    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
-    g13 = linear_cuda.gate_up_global_view(w13_global, inter)
-    g2 = linear_cuda.per_group_global_view(w2_global, hidden_size)
-    act = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device=hidden.device)
-    y = torch.empty(a.shape[0], hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    g = moe_gemms(shape, experts, hidden, ids, weights, block_m, kperm)
     return {
         "routing+gather": lambda: moe_routing.gather_rows(
             hidden, weights, moe_routing.moe_routing(ids, shape.experts, 0, block_m), kperm),
-        "gemm1 swiglu": lambda: gemm(a, routing.tile_expert, w13, w13_scale, g13, act,
-                                     epilogue="swiglu", swiglu_limit=shape.swiglu_limit,
-                                     row_scale=None, bias=None, block_m=block_m,
-                                     tile_rows=routing.tile_rows, **kw),
-        "gemm2 row_scale": lambda: gemm(act, routing.tile_expert, w2, w2_scale, g2, y,
-                                        epilogue="row_scale", swiglu_limit=None,
-                                        row_scale=row_scale, bias=None, block_m=block_m,
-                                        tile_rows=routing.tile_rows, **kw),
-        "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, shape.top_k,
-                                               1.0),
+        "gemm1 swiglu": lambda: g.gemm1.run(**kw),
+        "gemm2 row_scale": lambda: g.gemm2.run(**kw),
+        "combine": lambda: moe_combine.combine(g.gemm2.out, g.routing.slot_row,
+                                               hidden.shape[0], shape.top_k, 1.0),
     }
 
 

@@ -52,35 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels.triton import moe_routing as R
 
-    g13 = L.gate_up_global_view(w13_g, shape.intermediate)
-    g2 = L.per_group_global_view(w2_g, shape.hidden)
-    h, i = shape.hidden, shape.intermediate
     cases, checks = [], []
     for t in args.tokens:
         hidden, ids, weights = bench_moe.moe_inputs(shape, t, 5 + t)
-        rt = R.moe_routing(ids, shape.experts, 0, 8)
-        a, row_scale = R.gather_rows(hidden, weights, rt, True)
-        p = a.shape[0]
-        m_tiles = min(p // 8, L._m_tiles_cap(True))
-        act = torch.empty(p, i, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
-        for label, n, k, epi, src, dst, wt, ws, wg, rs in (
-                (f"gemm1 T={t}", 2 * i, h, "swiglu", a, act, w13, w13_s, g13, None),
-                (f"gemm2 T={t}", h, i, "row_scale", act, y, w2, w2_s, g2, row_scale)):
-            base = L.choose_config(n, k, 8, epi, False, True, m_tiles, True)
-            vs = []
-            for cfg in _variants(base, GRP_VARIANTS):
-                def fn(cfg=cfg, src=src, dst=dst, wt=wt, ws=ws, wg=wg, rs=rs, epi=epi, rt=rt):
-                    L._launch(cfg, src, rt.tile_expert, wt, ws, wg, dst,
-                              shape.swiglu_limit if epi == "swiglu" else None, rs, None,
-                              rt.tile_rows)
-                vs.append((cfg, fn))
-            cases.append((label, vs))
-            checks.append((label, vs, dst, rt))
+        mg = bench_moe.moe_gemms(shape, experts, hidden, ids, weights, 8, True)
+        for g in (mg.gemm1, mg.gemm2):
+            base = L.choose_config(g.n, g.k, 8, g.epilogue, False, True, mg.m_tiles, True)
+            vs = [(cfg, g.launcher(cfg)) for cfg in _variants(base, GRP_VARIANTS)]
+            cases.append((f"{g.name} T={t}", vs))
+            checks.append((f"{g.name} T={t}", vs, g.out, mg.real))
             vs[0][1]()  # GEMM 2 reads the chosen GEMM 1's output
     for n, k in ((7168, 18432), (18432, 7168)):
         for m in args.ms:
@@ -97,12 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                               None, None, None)
                 vs.append((cfg, fn))
             cases.append((f"linear {n}x{k} M={m}", vs))
-            checks.append((f"linear {n}x{k} M={m}", vs, out, None))
-    for label, vs, dst, rt in checks:
-        if rt is not None:
-            real = torch.repeat_interleave(rt.tile_expert >= 0, 8)[: dst.shape[0]]
-        else:
-            real = torch.ones(dst.shape[0], dtype=torch.bool, device="cuda")
+            checks.append((f"linear {n}x{k} M={m}", vs, out,
+                           torch.ones(m, dtype=torch.bool, device="cuda")))
+    for label, vs, dst, real in checks:
         ref = None
         for cfg, fn in vs:
             dst.fill_(float("nan"))

@@ -37,29 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda
-    from nvfp4_ops.kernels.triton import moe_routing as R
     from nvfp4_ops.testing import rel_l2
 
-    g13 = L.gate_up_global_view(w13_g, shape.intermediate)
-    g2 = L.per_group_global_view(w2_g, shape.hidden)
-    h, i = shape.hidden, shape.intermediate
     results = []
     for t in args.tokens:
-        bm, _ = moe_cuda.op_tile(t, shape.top_k, shape.experts, h, i)
+        bm, _ = moe_cuda.op_tile(t, shape.top_k, shape.experts, shape.hidden,
+                                 shape.intermediate)
         hidden, ids, weights = bench_moe.moe_inputs(shape, t, 13 + t)
-        rt = R.moe_routing(ids, shape.experts, 0, bm)
-        a, row_scale = R.gather_rows(hidden, weights, rt, True)
-        p = a.shape[0]
-        real = torch.repeat_interleave(rt.tile_expert >= 0, bm)[:p]
-        act = torch.empty(p, i, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
-        for label, n, k, epi, src, dst, wt, ws, wg, rs in (
-                (f"gemm1 T={t} bm{bm}", 2 * i, h, "swiglu", a, act, w13, w13_s, g13, None),
-                (f"gemm2 T={t} bm{bm}", h, i, "row_scale", act, y, w2, w2_s, g2, row_scale)):
-            base = L.choose_config(n, k, bm, epi, False, True, None, True)
+        mg = bench_moe.moe_gemms(shape, experts, hidden, ids, weights, bm, True)
+        for g in (mg.gemm1, mg.gemm2):
+            label = f"{g.name} T={t} bm{bm}"
+            base = L.choose_config(g.n, g.k, bm, g.epilogue, False, True, None, True)
             cfgs = [base]
             for v in VARIANTS:
                 try:
@@ -69,18 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if c.name not in {x.name for x in cfgs}:
                     cfgs.append(c)
-            fns = []
-            for cfg in cfgs:
-                def fn(cfg=cfg, src=src, dst=dst, wt=wt, ws=ws, wg=wg, rs=rs, epi=epi, rt=rt):
-                    L._launch(cfg, src, rt.tile_expert, wt, ws, wg, dst,
-                              shape.swiglu_limit if epi == "swiglu" else None, rs, None,
-                              rt.tile_rows)
-                fns.append((cfg, fn))
+            fns = [(cfg, g.launcher(cfg)) for cfg in cfgs]
             ref = None
             for cfg, fn in fns:
-                dst.fill_(float("nan"))
+                g.out.fill_(float("nan"))
                 fn()
-                got = dst[real].clone()
+                got = g.out[mg.real].clone()
                 if ref is None:
                     ref = got
                 elif not (torch.isfinite(got).all() and rel_l2(got, ref) < 1e-3):
@@ -89,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             fns[0][1]()  # GEMM 2 reads the chosen GEMM 1's output
             med, _ = _ab.alternate({cfg.name: fn for cfg, fn in fns}, args.rounds, args.reps,
                                    flush)
-            first = med[cfgs[0].name]
-            print(f"{label} (checked; first = chosen)", flush=True)
-            for name, us in med.items():
-                print(f"  {name:64s} {us:8.1f} us {first / us:6.3f}x", flush=True)
+            _ab.print_vs_first(f"{label} (checked; first = chosen)", med, width=64)
             results.append({"case": label, "us": med})
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

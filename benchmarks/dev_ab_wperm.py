@@ -39,28 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     setup = _ab.gpu_setup()
     if setup is None:
         return 2
-    bench_moe, shape, (w13, w13_s, w13_g, w2, w2_s, w2_g), flush = setup
+    bench_moe, shape, experts, flush = setup
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import moe_cuda as M
-    from nvfp4_ops.kernels.triton import moe_routing as R
     from nvfp4_ops.kernels.wperm import to_wperm
 
     print("permuting the expert weights on the GPU ...", flush=True)
+    w13, w13_s, w13_g, w2, w2_s, w2_g = experts
     w13_p, w2_p = to_wperm(w13), to_wperm(w2)
-    g13 = L.gate_up_global_view(w13_g, shape.intermediate)
-    g2 = L.per_group_global_view(w2_g, shape.hidden)
-    h, i = shape.hidden, shape.intermediate
     cases = []  # (label, [(name, fn)], dst, rows mask)
     for t in args.tokens:
-        bm, kperm = M.op_tile(t, shape.top_k, shape.experts, h, i)
+        bm, kperm = M.op_tile(t, shape.top_k, shape.experts, shape.hidden, shape.intermediate)
         hidden, ids, weights = bench_moe.moe_inputs(shape, t, 11 + t)
-        rt = R.moe_routing(ids, shape.experts, 0, bm)
-        a, row_scale = R.gather_rows(hidden, weights, rt, kperm)
-        p = a.shape[0]
-        m_tiles = min(p // bm, L._m_tiles_cap(True))
-        act = torch.empty(p, i, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty(p, h, dtype=torch.bfloat16, device="cuda")
-        real = torch.repeat_interleave(rt.tile_expert >= 0, bm)[:p]
+        mg = bench_moe.moe_gemms(shape, experts, hidden, ids, weights, bm, kperm)
 
         def whole(wp, h=hidden, ids=ids, w=weights, bm=bm, kperm=kperm):
             ex = (w13_p if wp else w13, w13_s, w13_g, w2_p if wp else w2, w2_s, w2_g)
@@ -70,20 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         cases.append((f"whole op T={t} bm{bm}", [(f"op_bm{bm}", lambda f=whole: f(False)),
                                                   (f"op_bm{bm}_wp", lambda f=whole: f(True))],
                        None, None))
-        for label, n, k, epi, src, dst, wts, ws, wg, rs in (
-                (f"gemm1 T={t} bm{bm}", 2 * i, h, "swiglu", a, act, (w13, w13_p), w13_s, g13,
-                 None),
-                (f"gemm2 T={t} bm{bm}", h, i, "row_scale", act, y, (w2, w2_p), w2_s, g2,
-                 row_scale)):
-            base = L.choose_config(n, k, bm, epi, False, True, m_tiles, kperm)
-            vs = []
-            for cfg, wt in ((base, wts[0]), (dataclasses.replace(base, wperm=True), wts[1])):
-                def fn(cfg=cfg, src=src, dst=dst, wt=wt, ws=ws, wg=wg, rs=rs, epi=epi, rt=rt):
-                    L._launch(cfg, src, rt.tile_expert, wt, ws, wg, dst,
-                              shape.swiglu_limit if epi == "swiglu" else None, rs, None,
-                              rt.tile_rows)
-                vs.append((cfg.name, fn))
-            cases.append((label, vs, dst, real))
+        for g, w_p in ((mg.gemm1, w13_p), (mg.gemm2, w2_p)):
+            base = L.choose_config(g.n, g.k, bm, g.epilogue, False, True, mg.m_tiles, kperm)
+            wp_cfg = dataclasses.replace(base, wperm=True)
+            vs = [(base.name, g.launcher(base)), (wp_cfg.name, g.launcher(wp_cfg, w_p))]
+            cases.append((f"{g.name} T={t} bm{bm}", vs, g.out, mg.real))
             vs[0][1]()  # GEMM 2 reads the checkpoint-order GEMM 1's output
     for n, k in ((7168, 18432), (18432, 7168)):
         wt = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")

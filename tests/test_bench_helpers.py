@@ -1,0 +1,51 @@
+"""CPU tests of the benchmark helpers the GPU A/B scripts share (``benchmarks/bench_moe.py``:
+:func:`moe_gemms`): the MoE's GEMM operands built as the op builds them. Without CUDA the
+Triton routing / gather run in Triton's interpreter (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the CPU path needs Triton's interpreter (no CUDA)")
+@pytest.mark.parametrize("block_m,kperm", [(8, True), (16, True), (16, False)])
+def test_moe_gemms_match_the_op_data_flow(block_m, kperm):
+    import bench_moe
+
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda
+    from nvfp4_ops.kernels.triton import moe_routing
+    from nvfp4_ops.testing import random_experts
+
+    shape = get_shape("tiny")
+    torch.manual_seed(0)
+    experts = random_experts(shape.experts, shape.hidden, shape.intermediate).args()
+    hidden, ids, weights = bench_moe.moe_inputs(shape, 9, 4, device="cpu")
+    mg = bench_moe.moe_gemms(shape, experts, hidden, ids, weights, block_m, kperm)
+    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
+    assert torch.equal(mg.routing.tile_expert, routing.tile_expert)
+    g1, g2 = mg.gemm1, mg.gemm2
+    # rows of skipped tiles are never written by the gather (nor read by the GEMMs)
+    assert torch.equal(g1.a[mg.real], a[mg.real])
+    assert torch.equal(g2.row_scale[mg.real], row_scale[mg.real])
+    assert (g1.n, g1.k, g1.epilogue) == (2 * shape.intermediate, shape.hidden, "swiglu")
+    assert (g2.n, g2.k, g2.epilogue) == (shape.hidden, shape.intermediate, "row_scale")
+    assert g2.a is g1.out  # GEMM 2 reads GEMM 1's output
+    assert g1.swiglu_limit == shape.swiglu_limit and g2.swiglu_limit is None
+    assert g1.w is experts[0] and g2.w is experts[3]
+    p = a.shape[0]
+    assert g1.out.shape == (p, shape.intermediate) and g2.out.shape == (p, shape.hidden)
+    real_tiles = int((routing.tile_expert >= 0).sum())
+    assert mg.real.shape == (p,) and int(mg.real.sum()) == real_tiles * block_m
+    # every routed slot's row lies in a real tile
+    assert bool(mg.real[routing.slot_row.reshape(-1).long()].all())
+    assert mg.m_tiles == min(p // block_m, linear_cuda._m_tiles_cap(True))
