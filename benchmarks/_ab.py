@@ -67,3 +67,32 @@ def alternate_cases(cases: dict[str, dict[str, Callable[[], object]]], rounds: i
     for (case, name), us in flat.items():
         med.setdefault(case, {})[name] = us
     return med
+
+
+def config_gemm(pick: Callable[..., object]):
+    """A ``gemm`` for ``moe_cuda.moe_forward`` that launches the config ``pick(n, k, block_m,
+    epilogue, m_tiles, kperm, pdl)`` returns (``m_tiles`` clamped as the op clamps it), or runs
+    the op's own dispatch (``grouped_w4a16_gemm``) where it returns None."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit, row_scale,
+             bias, block_m, tile_rows, kperm=False, pdl=False, wperm=False):
+        n, k = w.shape[1], a.shape[1]
+        m_tiles = min(a.shape[0] // block_m, L._m_tiles_cap(True))
+        cfg = pick(n, k, block_m, epilogue, m_tiles, kperm, pdl)
+        if cfg is None:
+            return L.grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out,
+                                        epilogue=epilogue, swiglu_limit=swiglu_limit,
+                                        row_scale=row_scale, bias=bias, block_m=block_m,
+                                        tile_rows=tile_rows, kperm=kperm, pdl=pdl, wperm=wperm)
+        L._launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
+                  tile_rows)
+    return gemm
+
+
+def print_vs_first(title: str, med: dict[str, float], width: int = 52) -> None:
+    """``title``, then each variant's median µs and the first variant's time over it."""
+    first = next(iter(med.values()))
+    print(title, flush=True)
+    for name, us in med.items():
+        print(f"  {name:{width}s} {us:8.1f} us  {first / us:6.3f}x", flush=True)

@@ -40,16 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     from nvfp4_ops.testing import rel_l2
 
     def stream_gemm(shapes):
-        def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
-                 row_scale, bias, block_m, tile_rows, kperm=False, pdl=False):
-            n, k = w.shape[1], a.shape[1]
+        def pick(n, k, block_m, epilogue, m_tiles, kperm, pdl):
             cfg = S.choose_config(n, k, 16, epilogue, False, True, 9, kperm=True, pdl=pdl)
             if shapes is not None:
                 wk, u, st = shapes[0] if epilogue == "swiglu" else shapes[1]
                 cfg = dataclasses.replace(cfg, warps_k=wk, steps=u, stages=st)
-            L._launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale,
-                      bias, tile_rows)
-        return gemm
+            return cfg
+        return _ab.config_gemm(pick)
 
     lines = []
     for t in args.tokens:
@@ -71,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"T={t} {name}: CHECK FAILED rel L2 {err:.2e}")
                 return 1
         med, _ = _ab.alternate(runs, args.rounds, args.reps, flush)
-        first = next(iter(med.values()))
-        print(f"T={t} (checked vs reference)", flush=True)
-        for name, us in med.items():
-            print(f"  {name:44s} {us:9.1f} us  {first / us:6.3f}x", flush=True)
+        _ab.print_vs_first(f"T={t} (checked vs reference)", med, width=44)
         lines.append({"T": t, "us": med})
     if args.out:
         args.out.write_text(json.dumps(lines, indent=1))

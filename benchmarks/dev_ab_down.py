@@ -44,20 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     from nvfp4_ops.testing import rel_l2
 
     def gemm_with(down):
-        def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, swiglu_limit,
-                 row_scale, bias, block_m, tile_rows, kperm=False, pdl=False):
+        def pick(n, k, block_m, epilogue, m_tiles, kperm, pdl):
             if epilogue != "row_scale" or down is None:
-                return L.grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out,
-                                            epilogue=epilogue, swiglu_limit=swiglu_limit,
-                                            row_scale=row_scale, bias=bias, block_m=block_m,
-                                            tile_rows=tile_rows, kperm=kperm, pdl=pdl)
-            n, k = w.shape[1], a.shape[1]
-            m_tiles = min(a.shape[0] // block_m, L._m_tiles_cap(True))
+                return None  # the op's own choice
             cfg = L.choose_config(n, k, block_m, epilogue, False, True, m_tiles, kperm, pdl)
-            cfg = dataclasses.replace(cfg, **down)
-            L._launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale,
-                      bias, tile_rows)
-        return gemm
+            return dataclasses.replace(cfg, **down)
+        return _ab.config_gemm(pick)
 
     lines = []
     for t in args.tokens:
@@ -83,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"T={t} {name}: DIFFERS from the chosen config")
                 return 1
         med, _ = _ab.alternate(runs, args.rounds, args.reps, flush)
-        print(f"T={t} block_m={bm} (checked against the chosen GEMM 2)", flush=True)
-        for name, us in med.items():
-            print(f"  {name:52s} {us:8.1f} us  {med['chosen'] / us:6.3f}x", flush=True)
+        _ab.print_vs_first(f"T={t} block_m={bm} (checked against the chosen GEMM 2)", med)
         lines.append({"T": t, "us": med})
     if args.out:
         args.out.write_text(json.dumps(lines, indent=1))
