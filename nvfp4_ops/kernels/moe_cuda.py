@@ -63,6 +63,7 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -99,6 +100,7 @@ def choose_block_m(num_slots: int, num_experts: int) -> int:
     return BLOCK_MS[-1]
 
 
+@functools.cache
 def covered_block_m(block_m: int, hidden_size: int, inter: int) -> int:
     """``block_m``, or the largest smaller tile both grouped GEMMs (gate/up: ``N_out = I``,
     ``K = H``; down: ``N_out = H``, ``K = I``) have a kernel for (the WGMMA kernel needs
@@ -199,6 +201,7 @@ def moe_forward(
     return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
 
 
+@functools.cache
 def wperm_supported(hidden_size: int, inter: int) -> bool:
     """Whether the MoE's GPU kernels read ``w13`` / ``w2`` in the ``wperm`` bit order
     (:mod:`nvfp4_ops.kernels.wperm`) at every token tile the op can choose: both grouped GEMMs
