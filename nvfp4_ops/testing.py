@@ -6,8 +6,10 @@ Everything is generated on the target device from torch's global RNG (seed it wi
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -15,6 +17,7 @@ from nvfp4_ops import format as fmt
 
 __all__ = [
     "QuantizedExperts",
+    "kernel_ptx",
     "moe_bf16_dequantized",
     "random_experts",
     "random_nvfp4",
@@ -145,3 +148,18 @@ def moe_bf16_dequantized(
         y = (act @ w_down.to(torch.bfloat16).T).float()
         out[rows] += weight.unsqueeze(1) * y
     return (out * output_scale).to(torch.bfloat16)
+
+
+def kernel_ptx(cfg, out_dir: str | Path) -> str:
+    """Compile a GEMM kernel config of any family for sm_90a (no GPU needed; the family is the
+    module that defines the config's class), keeping its PTX in the new folder ``out_dir``;
+    returns the PTX text (for tests that count instructions)."""
+    from nvfp4_ops import _compile
+
+    _compile.ensure_cutlass_env()
+    out = Path(out_dir)
+    out.mkdir(parents=True)
+    importlib.import_module(type(cfg).__module__).compile_gemm(
+        cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+    (ptx,) = list(out.glob("*.ptx"))
+    return ptx.read_text()

@@ -14,6 +14,7 @@ pytest.importorskip("cutlass")
 
 from nvfp4_ops import get_shape  # noqa: E402
 from nvfp4_ops.kernels.cute import w4a16_stream  # noqa: E402
+from nvfp4_ops.testing import kernel_ptx  # noqa: E402
 
 LINEAR = [(7168, 18432), (18432, 7168)]
 
@@ -91,11 +92,7 @@ def test_pair_order_drops_the_activation_prmt(epilogue, n, k, tmp_path):
     counts = {}
     for kperm in (False, True):
         cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, kperm=kperm)
-        out = tmp_path / str(kperm)
-        out.mkdir()
-        w4a16_stream.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
-        (ptx,) = list(out.glob("*.ptx"))
-        text = ptx.read_text()
+        text = kernel_ptx(cfg, tmp_path / str(kperm))
         counts[kperm] = {op: text.count(op) for op in ("prmt.b32", "mma.sync", "ld.global.nc.v4")}
     steps = 2  # 128-k steps per stage of these configs (4 words x 4 prmt x num_tiles each)
     assert counts[False]["prmt.b32"] == 16 * steps and counts[True]["prmt.b32"] == 0
@@ -115,11 +112,7 @@ def test_launch_overlap_waits(epilogue, n, k, m_tiles, tmp_path):
         cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, m_tiles, kperm=True,
                                          pdl=pdl)
         assert cfg.pdl == pdl and cfg.name.endswith("_pdl_sm_90a") == pdl
-        out = tmp_path / str(pdl)
-        out.mkdir()
-        w4a16_stream.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
-        (ptx,) = list(out.glob("*.ptx"))
-        text = ptx.read_text()
+        text = kernel_ptx(cfg, tmp_path / str(pdl))
         counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
     assert counts == {False: [0, 0], True: [2, 1]}
 

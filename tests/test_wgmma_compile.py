@@ -15,6 +15,7 @@ pytest.importorskip("cutlass")
 
 from nvfp4_ops.kernels.cute import w4a16_wgmma  # noqa: E402
 from nvfp4_ops.shapes import get_shape  # noqa: E402
+from nvfp4_ops.testing import kernel_ptx  # noqa: E402
 
 #: (N, K, epilogue, grouped): the dense linears of the acceptance issues, then per model the
 #: shared-expert MLP (gate/up + SwiGLU, down) and the routed experts' grouped GEMMs.
@@ -132,11 +133,7 @@ def test_launch_overlap_waits(block_m, tmp_path):
         cfg = w4a16_wgmma.choose_config(4096, 4096, block_m, "swiglu", grouped=True, kperm=True,
                                         pdl=pdl)
         assert cfg.pdl == pdl and cfg.name.endswith("_pdl_sm_90a") == pdl
-        out = tmp_path / str(pdl)
-        out.mkdir()
-        w4a16_wgmma.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
-        (ptx,) = list(out.glob("*.ptx"))
-        text = ptx.read_text()
+        text = kernel_ptx(cfg, tmp_path / str(pdl))
         counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
     assert counts == {False: [0, 0], True: [3, 1]}
     with pytest.raises(ValueError):

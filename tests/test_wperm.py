@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nvfp4_ops.kernels import wperm as W
+from nvfp4_ops.testing import kernel_ptx
 
 
 def _words(w: torch.Tensor) -> torch.Tensor:
@@ -68,13 +69,6 @@ def test_round_trip_and_errors():
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
-def _ptx(compile_gemm, cfg, out):
-    out.mkdir()
-    compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
-    (ptx,) = list(out.glob("*.ptx"))
-    return ptx.read_text()
-
-
 @pytest.mark.parametrize("family", ["stream", "wgmma"])
 def test_wperm_kernels_compile(family, tmp_path):
     """The streamed (dense and MoE) and WGMMA (MoE ``kperm``) kernels with ``wperm`` compile
@@ -93,7 +87,7 @@ def test_wperm_kernels_compile(family, tmp_path):
     for wp in (False, True):
         cfg = dataclasses.replace(base, wperm=wp)
         assert cfg.name.endswith("_wp_sm_90a") == wp
-        text = _ptx(mod.compile_gemm, cfg, tmp_path / str(wp))
+        text = kernel_ptx(cfg, tmp_path / str(wp))
         counts[wp] = {op: text.count(op) for op in
                       ("shl.b32", "shr.u32", "shr.b32", "and.b32", "or.b32", "mul.rn.bf16x2", mma)}
     words = counts[False]["mul.rn.bf16x2"] // 4
