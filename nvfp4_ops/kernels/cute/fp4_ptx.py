@@ -17,10 +17,14 @@ from cutlass.cute.arch import inline_ptx
 from nvfp4_ops.kernels.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
 
 __all__ = [
+    "decode_reg_pair4",
+    "decode_reg_wperm",
     "decode_word_lut",
     "decode_word_pair4",
+    "decode_word_pair4_2s",
     "decode_word_shift",
     "decode_word_wperm",
+    "decode_word_wperm_2s",
     "ld_u16",
     "ld_shared_v4_at",
     "ld_u16_at",
@@ -230,26 +234,87 @@ def mma_m16n8k16(acc: cute.Tensor, base: int, a0, a1, a2, a3, b0, b1):
     acc[base + 3] = d3
 
 
+def _pair4_body(j: int) -> list[str]:
+    """``pair4``'s integer part for register ``j`` (into ``r``; temporaries ``wr``, ``q``)."""
+    if j < 2:
+        src_q, sh_q = "{$r0}", 6 - 4 * j
+    else:
+        src_q, sh_q = "wr", 14 - 4 * j
+    sh_r = 12 - 4 * j
+    return [
+        f"shl.b32 r, {{$r0}}, {sh_r};\n" if sh_r else "mov.b32 r, {$r0};\n",
+        f"shl.b32 q, {src_q}, {sh_q};\n",
+        "and.b32 q, q, 0x01C001C0;\n",
+        "and.b32 r, r, 0x80008000;\n",
+        "or.b32 r, r, q;\n",
+    ]
+
+
+def _wperm_body(j: int) -> list[str]:
+    """The ``wperm`` decoder's integer part for register ``j`` (into ``r``; temporary ``q``)."""
+    def shifted(dst: str, s: int) -> str:
+        if s == 0:
+            return f"mov.b32 {dst}, {{$r0}};\n"
+        op = "shl.b32" if s > 0 else "shr.u32"
+        return f"{op} {dst}, {{$r0}}, {abs(s)};\n"
+
+    a, b = PAIR_SHIFTS[j]
+    if a == b:
+        return [shifted("r", a), f"and.b32 r, r, {SIGN_MASK | MAG_MASK:#010x};\n"]
+    return [shifted("r", a), shifted("q", b), f"and.b32 q, q, {MAG_MASK:#010x};\n",
+            f"and.b32 r, r, {SIGN_MASK:#010x};\n", "or.b32 r, r, q;\n"]
+
+
+def _pair_decoder(reg_body, word: Int32, scales: tuple):
+    """4 bf16x2 words from one u32: ``reg_body(j)``'s integer part of register ``j``, times
+    ``scales[0]`` (one scale for all four) or ``scales[j // 2]`` (two: registers 0-1 and 2-3)."""
+    if reg_body is _pair4_body:
+        body = ["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
+    else:
+        body = ["{\n", ".reg .b32 r, q;\n"]
+    for j in range(4):
+        body += reg_body(j)
+        scale = 1 + (j // 2 if len(scales) == 2 else 0)
+        body.append(f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r{scale}}};\n")
+    return inline_ptx(
+        "".join(body) + "}",
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[word, *scales],
+    )
+
+
+def _one_register(reg_body, word: Int32, j: int, scale2: Int32):
+    prologue = (["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
+                if reg_body is _pair4_body and j >= 2 else ["{\n", ".reg .b32 r, q;\n"])
+    body = prologue + reg_body(j) + ["mul.rn.bf16x2 {$w0}, r, {$r1};\n"]
+    return inline_ptx("".join(body) + "}", write_only_types=[Int32],
+                      read_only_args=[word, scale2])
+
+
+def decode_reg_pair4(word: Int32, j: int, scale2: Int32):
+    """Register ``j`` (static, 0-3) of :func:`decode_word_pair4` alone: (code j, code j+4) *
+    scale * 2^-7, for loops that take one register of several words at a time (the ``wfrag``
+    order in the streamed and ``mma.sync`` kernels)."""
+    return _one_register(_pair4_body, word, j, scale2)
+
+
+def decode_reg_wperm(word: Int32, j: int, scale2: Int32):
+    """Register ``j`` of :func:`decode_word_wperm` alone, as :func:`decode_reg_pair4`."""
+    return _one_register(_wperm_body, word, j, scale2)
+
+
 def decode_word_pair4(word: Int32, scale2: Int32):
     """8 e2m1 codes (code j in nibble j) -> 4 bf16x2 words, word j = (code j, code j+4) *
     scale * 2^-7, with ``scale2`` = ``scale * 2^119`` twice (fp4_ptx.scales_to_bf16x2_pre).
     The bit moves are explained in ``w4a16_stream``'s module docstring (its decoder)."""
-    body = ["{\n", ".reg .b32 wr, r, q;\n", "shr.b32 wr, {$r0}, 8;\n"]
-    for j in range(4):
-        if j < 2:
-            src_q, sh_q = "{$r0}", 6 - 4 * j
-        else:
-            src_q, sh_q = "wr", 14 - 4 * j
-        sh_r = 12 - 4 * j
-        body.append(f"shl.b32 r, {{$r0}}, {sh_r};\n" if sh_r else "mov.b32 r, {$r0};\n")
-        body += [
-            f"shl.b32 q, {src_q}, {sh_q};\n",
-            "and.b32 q, q, 0x01C001C0;\n",
-            "and.b32 r, r, 0x80008000;\n",
-            "or.b32 r, r, q;\n",
-            f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
-        ]
-    return _decoder_call(body, word, scale2)
+    return _pair_decoder(_pair4_body, word, (scale2,))
+
+
+def decode_word_pair4_2s(word: Int32, scale_a: Int32, scale_b: Int32):
+    """:func:`decode_word_pair4` with words 0-1 scaled by ``scale_a`` and words 2-3 by
+    ``scale_b`` (the ``wfrag`` weight order of :mod:`nvfp4_ops.kernels.wfrag`: a word's
+    registers 0-1 hold k of a 32-block's first 16, registers 2-3 of its second)."""
+    return _pair_decoder(_pair4_body, word, (scale_a, scale_b))
 
 
 def decode_word_wperm(word: Int32, scale2: Int32):
@@ -257,19 +322,9 @@ def decode_word_wperm(word: Int32, scale2: Int32):
     2^-7, ``scale2`` = ``scale * 2^119`` twice) from a u32 whose bits are in the ``wperm`` order
     of :mod:`nvfp4_ops.kernels.wperm` (one shift and one mask per register, or two and two;
     11 integer instructions per word instead of 16)."""
-    def shifted(dst: str, s: int) -> str:
-        if s == 0:
-            return f"mov.b32 {dst}, {{$r0}};\n"
-        op = "shl.b32" if s > 0 else "shr.u32"
-        return f"{op} {dst}, {{$r0}}, {abs(s)};\n"
+    return _pair_decoder(_wperm_body, word, (scale2,))
 
-    body = ["{\n", ".reg .b32 r, q;\n"]
-    for j, (a, b) in enumerate(PAIR_SHIFTS):
-        body.append(shifted("r", a))
-        if a == b:
-            body.append(f"and.b32 r, r, {SIGN_MASK | MAG_MASK:#010x};\n")
-        else:
-            body += [shifted("q", b), f"and.b32 q, q, {MAG_MASK:#010x};\n",
-                     f"and.b32 r, r, {SIGN_MASK:#010x};\n", "or.b32 r, r, q;\n"]
-        body.append(f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n")
-    return _decoder_call(body, word, scale2)
+
+def decode_word_wperm_2s(word: Int32, scale_a: Int32, scale_b: Int32):
+    """:func:`decode_word_wperm` with two scales, as :func:`decode_word_pair4_2s`."""
+    return _pair_decoder(_wperm_body, word, (scale_a, scale_b))

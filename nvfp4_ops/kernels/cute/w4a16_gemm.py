@@ -87,6 +87,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
+    decode_reg_pair4,
+    decode_reg_wperm,
     decode_word_lut,
     decode_word_shift,
     ld_u16_at,
@@ -130,6 +132,13 @@ class GemmConfig(GemmProblem):
     row_groups: int = 1
     stages: int = 2
     decode: str = "shift"
+    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: (natural activations): ``pair4`` registers, register ``j`` of word ``i`` (block scale
+    #: ``j // 2``) against element ``i`` of the block's ``j``-th activation load
+    wfrag: bool = False
+    #: the weight codes are (also) in the ``wperm`` bit order of :mod:`nvfp4_ops.kernels.wperm`
+    #: (``wfrag`` only: the ``pair4`` path)
+    wperm: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -144,6 +153,11 @@ class GemmConfig(GemmProblem):
             raise ValueError(f"stages must be in [2, 6], got {self.stages}")
         if self.decode not in DECODES:
             raise ValueError(f"decode must be one of {DECODES}, got {self.decode!r}")
+        if self.wfrag and self.decode != "shift":
+            raise ValueError("wfrag decodes with pair4, whose scales are prescaled as "
+                             "decode='shift' expects")
+        if self.wperm and not self.wfrag:
+            raise ValueError("wperm needs wfrag (only the pair4 decode path reads it)")
 
     @property
     def rows_per_cta(self) -> int:
@@ -154,7 +168,8 @@ class GemmConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_wn{self.warps_n}"
-            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}_{self.decode}_{self.arch}"
+            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}_{self.decode}"
+            f"{'_wp' if self.wperm else ''}{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
 
@@ -359,6 +374,25 @@ class W4A16GroupedGemm(DirectLaunch):
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        if const_expr(cfg.wfrag):
+            # wfrag: round j takes register j of the four words (word i: natural k pair
+            # 8j + 2i + {0, 1}, block scale j // 2) and the block's j-th activation load, whose
+            # element i is word i's pair (as w4a16_stream.mma_step_wfrag)
+            decode = decode_reg_wperm if cfg.wperm else decode_reg_pair4
+            for j in range(4):
+                dec = []
+                for q2 in range(nr):
+                    dec.append([decode(wbuf[(slot * nr + q2) * 4 + i], j, scl[q2][j // 2])
+                                for i in range(4)])
+                for t in range(self.num_tiles):
+                    xv = ld_v4_at(x_addr[t], j * 16)
+                    for q in range(nq):
+                        dg = dec[2 * q]
+                        d8 = dec[2 * q + 1]
+                        base = 4 * (q * self.num_tiles + t)
+                        mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
+                        mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
+            return
         for i in range(4):
             dec = []
             for q2 in range(nr):

@@ -133,6 +133,8 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
+    decode_reg_pair4,
+    decode_reg_wperm,
     decode_word_pair4,
     decode_word_wperm,
     ld_shared_v4_at,
@@ -217,12 +219,20 @@ class StreamConfig(GemmProblem):
     #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (a cheaper decode, bitwise the same MMAs)
     wperm: bool = False
+    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: and the activations natural: word ``i``'s register ``j`` meets the activation u32
+    #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
+    #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step_wfrag`)
+    wfrag: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         self.check_problem()
         if self.kperm and not self.grouped:
             raise ValueError("kperm (pair-order activations) is for grouped problems only")
+        if self.wfrag and self.kperm:
+            raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
+                             "kperm (pair-order activations)")
         if self.release not in RELEASES:
             raise ValueError(f"release must be one of {RELEASES}, got {self.release!r}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
@@ -300,7 +310,8 @@ class StreamConfig(GemmProblem):
             f"_{self.release}{'_inv' if self.inval else ''}"
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}_{self.arch}"
+            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
+            f"{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
 
@@ -701,6 +712,9 @@ class W4A16StreamGemm(DirectLaunch):
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        if const_expr(self.cfg.wfrag):
+            self.mma_step_wfrag(acc, wv, scl, zero, x_addr)
+            return
         for i in range(4):
             dec = []
             for q2 in range(nr):
@@ -720,6 +734,29 @@ class W4A16StreamGemm(DirectLaunch):
                     base = 4 * (q * self.num_tiles + t)
                     mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], b0, b1)
                     mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], b2, b3)
+
+    def mma_step_wfrag(self, acc, wv, scl, zero, x_addr):
+        """:meth:`mma_step`'s decode and MMAs for ``wfrag`` weights and natural activations.
+        Round ``j`` takes register ``j`` of the lane's four words (word ``i``: natural k pair
+        ``8 j + 2 i + {0, 1}`` of its 32-k block, block scale ``j // 2``) and the block's
+        ``j``-th 16-byte activation load (k ``8 j .. 8 j + 7``), whose element ``i`` is word
+        ``i``'s pair: the MMAs take words (0, 1) and (2, 3) as their two k slots. Same loads
+        and registers as the natural path, no ``prmt``. Plain Python (inlined while tracing)."""
+        nq = self.num_row_sets
+        nr = self.frags * nq
+        decode = decode_reg_wperm if self.cfg.wperm else decode_reg_pair4
+        for j in range(4):
+            dec = []
+            for q2 in range(nr):
+                dec.append([decode(wv[q2][i], j, scl[q2][j // 2]) for i in range(4)])
+            for t in range(self.num_tiles):
+                xv = ld_v4_at(x_addr[t], j * 16)
+                for q in range(nq):
+                    dg = dec[self.frags * q]
+                    d8 = dec[2 * q + 1] if self.frags == 2 else (zero, zero, zero, zero)
+                    base = 4 * (q * self.num_tiles + t)
+                    mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
+                    mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
 
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,

@@ -86,6 +86,7 @@ one or two consumer warps per SM sub-partition limit it, not memory.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -98,7 +99,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_pair4,
+    decode_word_pair4_2s,
     decode_word_wperm,
+    decode_word_wperm_2s,
     ld_shared_v4_at,
     scales_to_bf16x2_pre,
 )
@@ -167,8 +170,12 @@ class WgmmaConfig(GemmProblem):
     #: ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
     pdl: bool = False
     #: the weight codes are in the ``wperm`` bit order of
-    #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` only: the ``pair4`` path)
+    #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
     wperm: bool = False
+    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
+    #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
+    wfrag: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -185,8 +192,11 @@ class WgmmaConfig(GemmProblem):
                      not in VERIFIED_MULTI)):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
                              "validated on a GPU (pass allow_unverified=True to debug it)")
-        if self.wperm and not self.kperm:
-            raise ValueError("wperm needs kperm (only the pair4 decode path reads it)")
+        if self.wperm and not (self.kperm or self.wfrag):
+            raise ValueError("wperm needs kperm or wfrag (only the pair4 decode paths read it)")
+        if self.wfrag and self.kperm:
+            raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
+                             "kperm (permuted activations)")
         if self.k % (BLOCK_K * self.split_k) != 0:
             raise ValueError(f"K={self.k} must be a multiple of {BLOCK_K * self.split_k}")
         if self.epilogue == "swiglu" and self.n % 64 != 0:
@@ -236,7 +246,8 @@ class WgmmaConfig(GemmProblem):
         return (
             f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}_{self.arch}"
+            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
+            f"{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
 
@@ -277,6 +288,7 @@ def choose_config(
     m_tiles: int | None = None,
     kperm: bool = False,
     pdl: bool = False,
+    wfrag: bool = False,
 ) -> WgmmaConfig:
     """The tile config for a problem; a pure function of static sizes, ``block_m`` and, for a
     dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
@@ -302,8 +314,13 @@ def choose_config(
     (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Ties go to the first entry.
 
     ``kperm``: the activations come in the k-permuted order (grouped problems only; see
-    :class:`WgmmaConfig`).
+    :class:`WgmmaConfig`). ``wfrag``: the weights come in the fragment order (the same tile
+    shape reading it; see :class:`WgmmaConfig`).
     """
+    if wfrag:
+        return dataclasses.replace(
+            choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles, kperm, pdl),
+            wfrag=True)
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
     if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
@@ -654,7 +671,7 @@ class W4A16WgmmaGemm:
         w_smem = s_w.iterator.toint()
         off_lo = slot_lo * 1024 + srow_lo * rb
         off_hi = slot_hi * 1024 + srow_hi * rb
-        if const_expr(cfg.kperm):
+        if const_expr(cfg.kperm or cfg.wfrag):
             off_lo = off_lo + 4 * quad
             off_hi = off_hi + 4 * quad
         stage_bytes_w = nb * 1024
@@ -743,7 +760,8 @@ class W4A16WgmmaGemm:
 
     def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
         """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales
-        (``kperm``: the lane's one word per row and its one block scale per row).
+        (``kperm``: the lane's one word per row and its one block scale per row; ``wfrag``: the
+        lane's one word per row and both block scales).
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
@@ -754,11 +772,15 @@ class W4A16WgmmaGemm:
             scl[0] = s2[0]
             scl[1] = s2[1]
             return
-        lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
-        hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
-        for e in range(4):
-            raw[e] = lo[e]
-            raw[4 + e] = hi[e]
+        if const_expr(self.cfg.wfrag):
+            raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
+            raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+        else:
+            lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
+            hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
+            for e in range(4):
+                raw[e] = lo[e]
+                raw[4 + e] = hi[e]
         s_lo2 = scales_to_bf16x2_pre(sc_lo >> (16 * j))
         s_hi2 = scales_to_bf16x2_pre(sc_hi >> (16 * j))
         scl[0] = s_lo2[0]
@@ -776,6 +798,12 @@ class W4A16WgmmaGemm:
             decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
             d_lo = decode(raw[0], scl[0])
             d_hi = decode(raw[1], scl[1])
+        elif const_expr(self.cfg.wfrag):
+            # wfrag word: register j = natural k pair 8j + 2c + {0, 1}, the same slots as the
+            # gathered decode's (step s = j // 2 with its block scale, half h = j % 2)
+            decode2 = decode_word_wperm_2s if self.cfg.wperm else decode_word_pair4_2s
+            d_lo = decode2(raw[0], scl[0], scl[1])
+            d_hi = decode2(raw[1], scl[2], scl[3])
         else:
             d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
             d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])

@@ -1,0 +1,115 @@
+"""A/B helper (diagnostics, needs a GPU): dense linears on ``wfrag`` weights (EXPERIMENT,
+:mod:`nvfp4_ops.kernels.wfrag`, not wired into ``nvfp4::linear``) vs the checkpoint order.
+
+Why: every dense family then decodes a lane's own u32 word with ``pair4`` against
+natural-order activations. The streamed (M <= 8) and ``mma.sync`` (M = 16-32) kernels lose
+their activation ``prmt``s, and the WGMMA kernel (M >= 64) its byte gathering, with no pass
+over ``x``. The A/B runs of session 7 (``benchmarks/results/h200_2026-12-01_s7/ab/``) bound the
+gain from above: the WGMMA ``kperm`` kernel was 7-12 % faster than natural at M <= 1024 (the
+same decode path as ``wfrag``, but with one block scale per word instead of two), and ``wperm``
+gave 0.92× / 0.97× on the streamed M = 1. ``wfrag`` needs all three families to win, since one
+copy of the weights serves every M.
+
+Cases: ``--nk`` shapes at ``--ms``, the dispatch's config (``linear_cuda.choose_config``):
+``natural`` (what ships), ``wfrag`` (the same config reading ``wfrag.to_wfrag(w)``),
+``wfrag+wperm`` (also ``wperm``: ``wperm.to_wperm(to_wfrag(w))``); at M = 16 / 32 also
+``wgmma r1`` (the one-warpgroup 4-stage WGMMA tile on ``wfrag + wperm``, which beat ``mma.sync``
+at N = 18432 in session 7); bf16 ``torch.matmul``. Checks first, on NaN-poisoned outputs:
+``wfrag`` within fp32-order noise of ``natural`` (max abs diff <= 1e-2 x max |natural|),
+``wfrag+wperm`` bitwise equal to ``wfrag``. Timing: CUDA graphs, L2 flushed before every replay,
+variants alternating for ``--rounds`` rounds; median µs.
+
+Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
+[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _ab.parser(__doc__, tokens=[], reps=20)
+    parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
+    parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
+                        help="weight shapes N x K")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.cute import w4a16_wgmma
+    from nvfp4_ops.kernels.wfrag import to_wfrag
+    from nvfp4_ops.kernels.wperm import to_wperm
+
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    cases: dict[str, dict] = {}
+    for n, k in (tuple(int(v) for v in nk.split("x")) for nk in args.nk):
+        torch.manual_seed(n)
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        w_f = to_wfrag(w)
+        w_fp = to_wperm(w_f)
+        ws = (torch.rand(n, k // 16, device="cuda") + 0.25).to(torch.float8_e4m3fn)
+        wg = torch.rand(n, device="cuda") * 0.02 + 0.005
+        gv = L.per_row_global_view(wg, n)
+        w_bf16 = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            bm = L.block_m_for_tokens(m)
+            base = L.choose_config(n, k, bm, "none", False, False,
+                                   min(-(-m // bm), L._m_tiles_cap()))
+            cfgs = {"natural": (base, w), "wfrag": (dataclasses.replace(base, wfrag=True), w_f),
+                    "wfrag+wperm": (dataclasses.replace(base, wfrag=True, wperm=True), w_fp)}
+            if bm in (16, 32):
+                cfgs["wgmma r1"] = (w4a16_wgmma.WgmmaConfig(
+                    n, k, "none", False, False, bm, 1, 1, 4, wfrag=True, wperm=True), w_fp)
+            outs = {v: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for v in cfgs}
+
+            def run(cfg, wt, out, x=x, gv=gv, ws=ws):
+                return lambda: L._launch(cfg, x, None, wt[None], ws[None], gv, out, None, None,
+                                         None)
+            variants = {v: run(cfg, wt, outs[v]) for v, (cfg, wt) in cfgs.items()}
+            variants["bf16 matmul"] = lambda x=x, w_bf16=w_bf16: x @ w_bf16.t()
+            label = f"{n}x{k} M={m} ({base.name.split('_', 1)[1][:34]})"
+            for v, out in outs.items():
+                out.fill_(float("nan"))
+                variants[v]()
+            ref = outs["natural"].float()
+            bad = []
+            for v in outs:
+                if v == "natural":
+                    continue
+                got = outs[v].float()
+                diff = (got - ref).abs().max().item() if torch.isfinite(got).all() else 1e30
+                if diff > 1e-2 * ref.abs().max().item():
+                    bad.append(f"{v} max abs diff {diff:.3e}")
+            if not torch.equal(outs["wfrag"], outs["wfrag+wperm"]):
+                bad.append("wfrag+wperm not bitwise equal to wfrag")
+            if bad:
+                print(f"{label}: CHECK FAILED ({'; '.join(bad)})")
+                return 1
+            print(f"{label}: checked", flush=True)
+            cases[label] = variants
+    med = _ab.alternate_cases(cases, args.rounds, args.reps, flush)
+    names = ["natural", "wfrag", "wfrag+wperm", "wgmma r1", "bf16 matmul"]
+    print(f"{'case':58s} " + " ".join(f"{v[:11]:>11s}" for v in names)
+          + f" {'best/nat':>9s} {'bf16/best':>9s}")
+    for label, d in med.items():
+        best = min(us for v, us in d.items() if v not in ("natural", "bf16 matmul"))
+        cells = " ".join(f"{d[v]:11.1f}" if v in d else f"{'-':>11s}" for v in names)
+        print(f"{label:58s} {cells} {best / d['natural']:9.3f} {d['bf16 matmul'] / best:9.3f}")
+    if args.out:
+        args.out.write_text(json.dumps(med, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The ``wfrag`` weight order (EXPERIMENT, :mod:`nvfp4_ops.kernels.wfrag`): the permutation,
+what the kernels compute from it (emulated in torch), the three dense kernel families with it
+compile for sm_90a, and (GPU) equal the checkpoint-order kernels up to fp32 summation order."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from nvfp4_ops.format import e2m1_to_float, unpack_e2m1
+from nvfp4_ops.kernels import kperm
+from nvfp4_ops.kernels import wfrag as F
+from nvfp4_ops.kernels import wperm as W
+
+
+def _words(w: torch.Tensor) -> torch.Tensor:
+    return w.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def test_source_is_the_inverse_kperm_permutation():
+    src = [F.source(q) for q in range(F.BLOCK_K)]
+    assert sorted(src) == list(range(F.BLOCK_K))
+    assert src == [kperm.dst(q) for q in range(F.BLOCK_K)]
+
+
+def test_round_trip_and_errors():
+    w = torch.randint(0, 256, (3, 5, 64), dtype=torch.uint8)
+    p = F.to_wfrag(w)
+    assert p.shape == w.shape and p.dtype == torch.uint8 and not torch.equal(p, w)
+    assert torch.equal(F.from_wfrag(p), w)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        F.to_wfrag(torch.zeros(4, 24, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        F.to_wfrag(torch.zeros(4, 32, dtype=torch.int32))
+
+
+def test_pair4_registers_are_natural_pairs():
+    """``pair4`` on word ``c`` of a ``wfrag`` block gives register ``j`` = the checkpoint codes
+    at k ``8 j + 2 c`` (low half) and ``8 j + 2 c + 1`` (high half): the MMA fragment slots of
+    natural-order activations. The ``wperm`` decoder on ``to_wperm(to_wfrag(w))`` gives the
+    same registers."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randint(0, 256, (8, 64), dtype=torch.uint8, generator=gen)  # K = 128
+    p = F.to_wfrag(w)
+    regs = W.emulate_pair4(_words(p))  # [4, rows, words]
+    assert torch.equal(W.emulate_wperm(_words(W.to_wperm(p))), regs)
+    codes = unpack_e2m1(w).long()  # [rows, K]
+    want_val = e2m1_to_float(codes)
+    for word in range(regs.shape[2]):
+        block, c = divmod(word, 4)
+        for j in range(4):
+            for half in range(2):
+                k = 32 * block + 8 * j + 2 * c + half
+                bits = ((regs[j, :, word] >> (16 * half)) & 0xFFFF).to(torch.int32)
+                got = bits.to(torch.int16).view(torch.bfloat16).float() * 2.0**126
+                assert torch.equal(got, want_val[:, k]), (word, j, half)
+
+
+def test_lane_emulation_is_the_natural_dot_product():
+    gen = torch.Generator().manual_seed(2)
+    n, k, m = 24, 256, 5
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    x = torch.randn(m, k, generator=gen, dtype=torch.float64)
+    got = F.emulate_lane_dot(F.to_wfrag(w), x)
+    want = e2m1_to_float(unpack_e2m1(w)).double() @ x.T
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # and the checkpoint order read as wfrag is a different product (the test can fail)
+    assert not torch.allclose(F.emulate_lane_dot(w, x), want)
+
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+def _family_configs():
+    from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
+
+    return {
+        "stream": (w4a16_stream, w4a16_stream.choose_config(7168, 18432, 8), "mma.sync"),
+        "mma.sync": (w4a16_gemm, w4a16_gemm.choose_config(7168, 18432, 16), "mma.sync"),
+        "wgmma": (w4a16_wgmma, w4a16_wgmma.choose_config(7168, 18432, 128, m_tiles=1),
+                  "wgmma.mma_async"),
+    }
+
+
+@pytest.mark.parametrize("family", ["stream", "mma.sync", "wgmma"])
+def test_wfrag_kernels_compile(family, tmp_path):
+    """Each dense family compiles with ``wfrag`` and with ``wfrag`` + ``wperm`` for sm_90a,
+    with the same MMAs as the checkpoint-order build, two scales per decoded word and (streamed
+    and ``mma.sync``: the activation pairs need no ``prmt`` any more) fewer ``prmt``."""
+    pytest.importorskip("cutlass")
+    mod, base, mma = _family_configs()[family]
+    counts = {}
+    for name, repl in (("natural", {}), ("wf", {"wfrag": True}),
+                       ("wpwf", {"wfrag": True, "wperm": True})):
+        cfg = dataclasses.replace(base, **repl)
+        assert ("_wf_" in cfg.name) == (name != "natural")
+        out = tmp_path / name
+        out.mkdir()
+        mod.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+        (ptx,) = list(out.glob("*.ptx"))
+        text = ptx.read_text()
+        counts[name] = {op: text.count(op) for op in (mma, "prmt.b32", "mul.rn.bf16x2")}
+    assert counts["wf"][mma] == counts["wpwf"][mma] == counts["natural"][mma] > 0
+    assert counts["wf"]["mul.rn.bf16x2"] == counts["wpwf"]["mul.rn.bf16x2"] > 0
+    if family != "wgmma":
+        assert counts["wf"]["prmt.b32"] < counts["natural"]["prmt.b32"]
+
+
+def test_wfrag_config_errors():
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
+
+    g = w4a16_gemm.choose_config(7168, 18432, 16)
+    with pytest.raises(ValueError, match="wperm needs wfrag"):
+        dataclasses.replace(g, wperm=True)
+    with pytest.raises(ValueError, match="decode='shift'"):
+        dataclasses.replace(g, wfrag=True, decode="lut")
+    s = w4a16_stream.choose_config(4096, 4096, 8, "swiglu", False, True, kperm=True)
+    with pytest.raises(ValueError, match="excludes"):
+        dataclasses.replace(s, wfrag=True)
+    wg = w4a16_wgmma.choose_config(4096, 4096, 16, "swiglu", False, True, kperm=True)
+    with pytest.raises(ValueError, match="excludes"):
+        dataclasses.replace(wg, wfrag=True)
+
+
+# --- GPU: each family on wfrag weights vs the checkpoint-order kernel --------------------
+
+CASES = [  # (family, M): the tiles linear's dispatch uses, plus WGMMA's one-warpgroup bm16/32
+    ("stream", 1), ("stream", 7), ("mma.sync", 16), ("mma.sync", 29), ("wgmma", 64),
+    ("wgmma", 199), ("wgmma", 1024), ("wgmma_r1", 16), ("wgmma_r1", 32),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", [(7168, 18432), (18432, 7168), (4096, 4096)])
+@pytest.mark.parametrize("family,m", CASES)
+def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk):
+    """Same config with ``wfrag`` (and ``wfrag`` + ``wperm``) on the permuted weights vs the
+    checkpoint-order kernel: within fp32-order noise of each other (max abs diff <= 1e-2 of the
+    output's max), every row written (NaN-poisoned outputs); ``wperm`` bitwise equal to
+    ``wfrag`` alone (the same registers)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.cute import w4a16_wgmma
+
+    n, k = nk
+    gen = torch.Generator(device="cuda").manual_seed(n + m)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    ws = (torch.rand(n, k // 16, device="cuda", generator=gen) * 3 + 2.0**-9).to(
+        torch.float8_e4m3fn)
+    wg = torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    gv = L.per_row_global_view(wg, n)
+    bm = L.block_m_for_tokens(m)
+    if family == "wgmma_r1":
+        base = w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4)
+    else:
+        base = L.choose_config(n, k, bm, "none", False, False,
+                               min(-(-m // bm), L._m_tiles_cap()))
+    fam = type(base).__module__.rsplit(".", 1)[1]
+    assert fam == {"stream": "w4a16_stream", "mma.sync": "w4a16_gemm"}.get(
+        family, "w4a16_wgmma")
+    w_f = F.to_wfrag(w)
+    w_fp = W.to_wperm(w_f)
+    outs = []
+    for cfg, wt in ((base, w), (dataclasses.replace(base, wfrag=True), w_f),
+                    (dataclasses.replace(base, wfrag=True, wperm=True), w_fp)):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        L._launch(cfg, x, None, wt[None], ws[None], gv, out, None, None, None)
+        outs.append(out)
+    ref, got, got_wp = (o.float() for o in outs)
+    assert torch.isfinite(got).all() and torch.isfinite(got_wp).all()
+    assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert torch.equal(got, got_wp)
