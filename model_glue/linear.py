@@ -18,9 +18,18 @@ in. Only after every shard has loaded does :meth:`process_weights_after_loading`
 ``S`` scales to one fp32 scale per output row; ``nvfp4::linear`` applies that per-row scale to
 the fp32 accumulator. Nothing is folded into the e4m3 block scales (that would round), and no
 shard is rescaled to a shared maximum (vLLM's stock NVFP4 linear takes the max and warns).
+
+**Prepared weight order (EXPERIMENT, branch ``wfrag``).** On CUDA the codes of ``weight`` are
+then permuted **in place** into the order every dense GPU kernel reads with natural
+activations (``nvfp4::to_wfrag_``: MMA-fragment order plus the ``wperm`` bit order, same bytes
+per 16-byte block; :mod:`nvfp4_ops.kernels.wfrag`), and the op is called with ``wfrag=True``.
+``NVFP4_OPS_DENSE_WFRAG`` = ``auto`` (default: on CUDA) / ``1`` (also on CPU, where the
+reference undoes it) / ``0`` (keep the checkpoint order).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from vllm.model_executor.layers.linear import (
@@ -29,7 +38,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 
-import nvfp4_ops  # noqa: F401  (registers torch.ops.nvfp4.*)
+import nvfp4_ops  # registers torch.ops.nvfp4.*
 from model_glue.moe import check_block_scales, check_global_scales
 
 __all__ = ["Nvfp4OpsLinearMethod"]
@@ -88,11 +97,29 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
         del layer.input_scale
         layer.register_parameter(
             "weight_global", torch.nn.Parameter(per_row.contiguous(), requires_grad=False))
+        layer.nvfp4_wfrag = False
+        if _wfrag_wanted(layer.weight):
+            if not layer.weight.data.is_contiguous():
+                layer.weight.data = layer.weight.data.contiguous()
+            # in place, once per load (this method runs once after every weight load)
+            nvfp4_ops.to_wfrag_(layer.weight.data)
+            layer.nvfp4_wfrag = True
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         if x2.dtype != torch.bfloat16:
             x2 = x2.to(torch.bfloat16)
         out = torch.ops.nvfp4.linear(x2, layer.weight, layer.weight_scale, layer.weight_global,
-                                     None if bias is None else bias.to(torch.bfloat16))
+                                     None if bias is None else bias.to(torch.bfloat16),
+                                     getattr(layer, "nvfp4_wfrag", False))
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+
+
+def _wfrag_wanted(weight: torch.Tensor) -> bool:
+    """``NVFP4_OPS_DENSE_WFRAG``: ``auto`` (default): on CUDA; ``1``: always; ``0``: never."""
+    mode = os.environ.get("NVFP4_OPS_DENSE_WFRAG", "auto").strip().lower()
+    if mode not in ("auto", "1", "0"):
+        raise ValueError(f"NVFP4_OPS_DENSE_WFRAG must be auto, 1 or 0, got {mode!r}")
+    if mode != "auto":
+        return mode == "1"
+    return weight.is_cuda

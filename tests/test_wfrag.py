@@ -176,3 +176,68 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk):
     assert torch.isfinite(got).all() and torch.isfinite(got_wp).all()
     assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()
     assert torch.equal(got, got_wp)
+
+
+# --- the prepared order through the ops (CPU: the references undo it exactly) -------------
+
+
+def test_to_wfrag_op_in_place_and_checked():
+    import nvfp4_ops
+    from nvfp4_ops import NVFP4InputError
+
+    w = torch.randint(0, 256, (6, 64), dtype=torch.uint8)
+    before, ptr = w.clone(), w.data_ptr()
+    assert nvfp4_ops.to_wfrag_(w) is w and w.data_ptr() == ptr
+    assert torch.equal(w, W.to_wperm(F.to_wfrag(before)))
+    assert torch.equal(F.unprepared(w), before)
+    nvfp4_ops.to_wfrag_(w, inverse=True)
+    assert torch.equal(w, before)
+    torch.library.opcheck(torch.ops.nvfp4.to_wfrag_.default, (w.clone(), False))
+    with pytest.raises(NVFP4InputError, match="multiple of 32"):
+        nvfp4_ops.to_wfrag_(torch.zeros(4, 24, dtype=torch.uint8))
+    with pytest.raises(NVFP4InputError, match="contiguous"):
+        nvfp4_ops.to_wfrag_(torch.zeros(64, 4, dtype=torch.uint8).t())
+
+
+def test_linear_and_mlp_with_prepared_weights_are_exact_on_cpu():
+    """``wfrag=True`` on prepared weights = ``wfrag=False`` on the checkpoint bytes, bitwise
+    (the reference undoes the order); ``wfrag=True`` on unprepared bytes is a different answer
+    (the flag is read); the op traces under ``torch.compile`` with it."""
+    import nvfp4_ops
+    from nvfp4_ops.format import quantize as quantize_nvfp4
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    w, ws, wg = quantize_nvfp4(torch.randn(96, 128, generator=gen))
+    prepared = nvfp4_ops.to_wfrag_(w.clone())
+    want = nvfp4_ops.linear(x, w, ws, wg)
+    assert torch.equal(nvfp4_ops.linear(x, prepared, ws, wg, wfrag=True), want)
+    assert not torch.equal(nvfp4_ops.linear(x, w, ws, wg, wfrag=True), want)
+    compiled = torch.compile(lambda a: nvfp4_ops.linear(a, prepared, ws, wg, wfrag=True),
+                             fullgraph=True)
+    assert torch.equal(compiled(x), want)
+    torch.library.opcheck(torch.ops.nvfp4.linear.default,
+                          (x, prepared, ws.view(torch.uint8), wg, None, True))
+
+    h, i = 128, 64
+    w13, s13, _ = quantize_nvfp4(torch.randn(2 * i, h, generator=gen))
+    w2, s2, g2 = quantize_nvfp4(torch.randn(h, i, generator=gen))
+    g13 = torch.tensor([0.002, 0.003])
+    want = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, 7.0)
+    got = nvfp4_ops.mlp(x, nvfp4_ops.to_wfrag_(w13.clone()), s13, g13,
+                        nvfp4_ops.to_wfrag_(w2.clone()), s2, g2, 7.0, wfrag=True)
+    assert torch.equal(got, want)
+
+
+def test_dense_variants_include_the_prepared_order():
+    """``precompile`` / ``warmup`` reach the ``wfrag`` + ``wperm`` twin of every dense config
+    (the glue prepares dense weights on CUDA), and no grouped (MoE) config takes wfrag."""
+    from nvfp4_ops.kernels import linear_cuda
+
+    variants = linear_cuda.variants_for_shapes(["v4-flash"])
+    dense = [c for c in variants if not c.grouped]
+    plain = {c.name for c in dense if not getattr(c, "wfrag", False)}
+    twins = {c.name for c in dense if getattr(c, "wfrag", False)}
+    assert plain and len(twins) == len(plain)
+    assert all(getattr(c, "wperm", False) for c in dense if getattr(c, "wfrag", False))
+    assert not any(getattr(c, "wfrag", False) for c in variants if c.grouped)

@@ -92,16 +92,23 @@ def _covers(mod, n_out: int, k: int, block_m: int) -> bool:
 @functools.cache
 def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   has_bias: bool = False, grouped: bool = False, m_tiles: int | None = None,
-                  kperm: bool = False, pdl: bool = False, wperm: bool = False):
-    """:func:`_choose_config`, then with ``wperm`` (the weights' codes in the bit order of
-    :mod:`nvfp4_ops.kernels.wperm`) the same config reading that order.
+                  kperm: bool = False, pdl: bool = False, wperm: bool = False,
+                  wfrag: bool = False):
+    """:func:`_choose_config`, then with ``wfrag`` (the weights' codes in the MMA-fragment
+    order of :mod:`nvfp4_ops.kernels.wfrag`, natural activations; EXPERIMENT) and / or
+    ``wperm`` (the bit order of :mod:`nvfp4_ops.kernels.wperm`) the same config reading that
+    order.
 
     Raises:
-        ValueError: as :func:`_choose_config`; or ``wperm`` for a config that decodes with
-            something else than ``pair4`` (only the streamed family and the WGMMA ``kperm``
-            path read it).
+        ValueError: as :func:`_choose_config`; ``wfrag`` with ``kperm`` (permuted activations
+            are the other way to meet the fragments); or ``wperm`` for a config that decodes
+            with something else than ``pair4`` (:func:`reads_wperm`).
     """
     cfg = _choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles, kperm, pdl)
+    if wfrag:
+        if kperm:
+            raise ValueError("wfrag weights are read with natural activations, not kperm")
+        cfg = dataclasses.replace(cfg, wfrag=True)
     if wperm:
         if not reads_wperm(cfg):
             raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
@@ -112,9 +119,11 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
 
 def reads_wperm(cfg) -> bool:
     """Whether a config's kernel can read weights in the ``wperm`` bit order (its decoder is
-    ``pair4`` on whole u32 words: the streamed family, the WGMMA family with ``kperm``)."""
+    ``pair4`` on whole u32 words: the streamed family, the WGMMA family with ``kperm``, and
+    every family with ``wfrag``)."""
     family = type(cfg).__module__.rsplit(".", 1)[1]
-    return family == _STREAM or (family == _WGMMA and getattr(cfg, "kperm", False))
+    return (family == _STREAM or getattr(cfg, "wfrag", False)
+            or (family == _WGMMA and getattr(cfg, "kperm", False)))
 
 
 def _choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
@@ -329,6 +338,7 @@ def grouped_w4a16_gemm(
     tile_rows: torch.Tensor | None = None,
     pdl: bool = False,
     wperm: bool = False,
+    wfrag: bool = False,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the m-tile's group g.
 
@@ -364,6 +374,8 @@ def grouped_w4a16_gemm(
             ``tile_expert`` just before could still be running.
         wperm: ``w`` holds its codes in the bit order of :mod:`nvfp4_ops.kernels.wperm`
             (configs that read it only: :func:`reads_wperm`).
+        wfrag: ``w`` holds its codes in the MMA-fragment order of
+            :mod:`nvfp4_ops.kernels.wfrag` (EXPERIMENT; natural ``a``, not with ``kperm``).
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 
@@ -401,7 +413,7 @@ def grouped_w4a16_gemm(
         return
     m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
     cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
-                        m_tiles, kperm, pdl and tile_expert is not None, wperm)
+                        m_tiles, kperm, pdl and tile_expert is not None, wperm, wfrag)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
             tile_rows)
 
@@ -439,14 +451,15 @@ def _tile_rows(tile_rows, tile_expert, block_m, dev):
     return torch.full_like(tile_expert, block_m)
 
 
-def linear(x, weight, weight_scale, global_scale, bias):
-    """CUDA kernel of ``nvfp4::linear`` (arguments already validated by the op)."""
+def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
+    """CUDA kernel of ``nvfp4::linear`` (arguments already validated by the op; ``wfrag``:
+    ``weight`` prepared by ``nvfp4::to_wfrag_``, read with ``wfrag`` + ``wperm`` configs)."""
     num_tokens, k = x.shape
     n = weight.shape[0]
     if not supported(n, k):
         from nvfp4_ops.reference import linear_reference
 
-        return linear_reference(x, weight, weight_scale, global_scale, bias)
+        return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
     out = torch.empty((num_tokens, n), dtype=torch.bfloat16, device=x.device)
     if num_tokens == 0:
         return out
@@ -455,20 +468,22 @@ def linear(x, weight, weight_scale, global_scale, bias):
                 else per_row_global_view(global_scale, n))
     grouped_w4a16_gemm(
         x, None, weight.unsqueeze(0), weight_scale.unsqueeze(0), w_global, out,
-        epilogue="none", bias=bias, block_m=block_m_for_tokens(num_tokens),
+        epilogue="none", bias=bias, block_m=block_m_for_tokens(num_tokens), wperm=wfrag,
+        wfrag=wfrag,
     )
     return out
 
 
-def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
-    """CUDA kernel of ``nvfp4::mlp``: SwiGLU fused into the gate/up GEMM's epilogue."""
+def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
+    """CUDA kernel of ``nvfp4::mlp``: SwiGLU fused into the gate/up GEMM's epilogue (``wfrag``:
+    both weights prepared by ``nvfp4::to_wfrag_``)."""
     num_tokens, hidden = x.shape
     inter = w13.shape[0] // 2
     if not (supported(inter, hidden) and supported(hidden, inter) and inter % 16 == 0):
         from nvfp4_ops.reference import mlp_reference
 
         return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-                             swiglu_limit)
+                             swiglu_limit, wfrag=wfrag)
     out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
     if num_tokens == 0:
         return out
@@ -477,12 +492,12 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
     grouped_w4a16_gemm(
         x, None, w13.unsqueeze(0), w13_scale.unsqueeze(0), gate_up_global_view(w13_global, inter),
         act,
-        epilogue="swiglu", swiglu_limit=swiglu_limit, block_m=bm,
+        epilogue="swiglu", swiglu_limit=swiglu_limit, block_m=bm, wperm=wfrag, wfrag=wfrag,
     )
     grouped_w4a16_gemm(
         act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), per_group_global_view(w2_global, hidden),
         out,
-        epilogue="none", block_m=bm,
+        epilogue="none", block_m=bm, wperm=wfrag, wfrag=wfrag,
     )
     return out
 
@@ -506,14 +521,18 @@ def variants_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> l
                 # the MoE passes kperm exactly when both of its GEMMs run a family with a
                 # permuted order (WGMMA, or the streamed 8-token tiles)
                 kperm = grouped and grouped_kperm(s.hidden, s.intermediate, bm)
-                # MoE weights may come in either bit order when its kernels read wperm
-                orders = (False, True) if kperm and moe_wperm(s.hidden, s.intermediate) else (
-                    False,)
+                # MoE weights may come in either bit order when its kernels read wperm; dense
+                # weights in the checkpoint order or prepared by to_wfrag_ (wfrag + wperm)
+                if grouped:
+                    orders = ((False, False), (True, False)) if (
+                        kperm and moe_wperm(s.hidden, s.intermediate)) else ((False, False),)
+                else:
+                    orders = ((False, False), (True, True))
                 for m_tiles in reach_m_tiles(bm, grouped):
-                    for wperm in orders:
+                    for wperm, wfrag in orders:
                         # the MoE launches its grouped GEMMs with pdl (moe_cuda)
                         cfg = choose_config(n, k, bm, epi, False, grouped, m_tiles, kperm,
-                                            grouped, wperm)
+                                            grouped, wperm, wfrag)
                         seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 

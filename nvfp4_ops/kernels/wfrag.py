@@ -1,5 +1,6 @@
 """``wfrag``: the dense weights' codes in MMA-fragment order (EXPERIMENT, branch ``wfrag``, not
-yet run on a GPU; no op takes weights in this order yet).
+yet run on a GPU): what ``nvfp4::linear`` / ``nvfp4::mlp`` with ``wfrag=True`` read, prepared
+in place by ``nvfp4::to_wfrag_`` (:func:`prepare_`: this order, then the ``wperm`` bits).
 
 Why: every kernel family decodes a lane's u32 word of 8 codes with ``pair4``
 (:func:`nvfp4_ops.kernels.cute.fp4_ptx.decode_word_pair4`), which yields the 4 bf16x2
@@ -38,7 +39,8 @@ import functools
 
 import torch
 
-__all__ = ["BLOCK_K", "emulate_lane_dot", "from_wfrag", "source", "to_wfrag"]
+__all__ = ["BLOCK_K", "emulate_lane_dot", "from_wfrag", "prepare_", "source", "to_wfrag",
+           "unprepared"]
 
 #: the permutation acts inside blocks of this many k (16 bytes of a row)
 BLOCK_K = 32
@@ -71,20 +73,24 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
     return pairs[..., 0] | (pairs[..., 1] << 4)
 
 
-def _permute(w: torch.Tensor, index: tuple[int, ...]) -> torch.Tensor:
+def _permute(w: torch.Tensor, index: tuple[int, ...], out: torch.Tensor | None = None):
+    """``w`` with the codes of every 32-k block gathered by ``index`` into ``out`` (a new
+    contiguous tensor when None; may be ``w``: each row block is read whole before it is
+    written)."""
     if w.dtype != torch.uint8 or w.dim() < 1 or w.shape[-1] % (BLOCK_K // 2) != 0:
         raise ValueError(f"w must be uint8 [..., K/2] with K a multiple of {BLOCK_K}, got "
                          f"{w.dtype} {tuple(w.shape)}")
+    if out is None:
+        out = torch.empty_like(w, memory_format=torch.contiguous_format)
     idx = torch.tensor(index, device=w.device)
-    flat = w.reshape(-1, w.shape[-1])
-    out = torch.empty_like(flat, memory_format=torch.contiguous_format)
+    flat, flat_out = w.reshape(-1, w.shape[-1]), out.view(-1, w.shape[-1])
     # row blocks bound the temporaries (~24x the bytes of the block)
     step = max(1, (1 << 24) // max(1, flat.shape[1]))
     for r in range(0, flat.shape[0], step):
         codes = _codes(flat[r:r + step])
         blocks = codes.reshape(codes.shape[0], -1, BLOCK_K)
-        out[r:r + step] = _pack(blocks[..., idx].reshape(codes.shape))
-    return out.reshape(w.shape)
+        flat_out[r:r + step] = _pack(blocks[..., idx].reshape(codes.shape))
+    return out
 
 
 def to_wfrag(w: torch.Tensor) -> torch.Tensor:
@@ -96,6 +102,28 @@ def to_wfrag(w: torch.Tensor) -> torch.Tensor:
 def from_wfrag(w: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`to_wfrag`."""
     return _permute(w, _dest_index())
+
+
+def prepare_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """In place on a contiguous ``w``: the checkpoint order -> this order, then the ``wperm``
+    bit order (what ``wfrag=True`` ops read); ``inverse``: back. Temporaries of one row block.
+    Returns ``w``."""
+    from nvfp4_ops.kernels import wperm
+
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous for the in-place permutation")
+    if inverse:
+        wperm.permute_(w, inverse=True)
+        return _permute(w, _dest_index(), w)
+    _permute(w, _source_index(), w)
+    return wperm.permute_(w)
+
+
+def unprepared(w: torch.Tensor) -> torch.Tensor:
+    """A checkpoint-order copy of weights prepared by :func:`prepare_` (for the references)."""
+    from nvfp4_ops.kernels.wperm import from_wperm
+
+    return from_wfrag(from_wperm(w))
 
 
 def emulate_lane_dot(w_wfrag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

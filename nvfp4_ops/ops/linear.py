@@ -29,22 +29,23 @@ def _linear_op(
     weight_scale: torch.Tensor,
     global_scale: torch.Tensor,
     bias: torch.Tensor | None,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     _check(x, weight, weight_scale, global_scale, bias)
-    return linear_reference(x, weight, weight_scale, global_scale, bias)
+    return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
 
 
 @_linear_op.register_kernel("cuda")
-def _(x, weight, weight_scale, global_scale, bias):
+def _(x, weight, weight_scale, global_scale, bias, wfrag=False):
     _check(x, weight, weight_scale, global_scale, bias)
     impl = kernels.cuda_kernel("linear")
     if impl is None:
-        return linear_reference(x, weight, weight_scale, global_scale, bias)
-    return impl(x, weight, weight_scale, global_scale, bias)
+        return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
+    return impl(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
 
 
 @_linear_op.register_fake
-def _(x, weight, weight_scale, global_scale, bias):
+def _(x, weight, weight_scale, global_scale, bias, wfrag=False):
     check_linear_meta(x, weight, weight_scale, global_scale, bias)
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.bfloat16)
 
@@ -55,6 +56,8 @@ def linear(
     weight_scale: torch.Tensor,
     global_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    *,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     """NVFP4 weight-only linear (``torch.ops.nvfp4.linear``).
 
@@ -66,6 +69,10 @@ def linear(
         global_scale: ``float32 []`` or ``[N]`` (one per output row, so fused projections
             whose shards have different ``weight_scale_2`` stay exact); finite, > 0.
         bias: optional ``bf16 [N]``.
+        wfrag: ``weight`` was prepared by :func:`nvfp4_ops.to_wfrag_` (EXPERIMENT, branch
+            ``wfrag``): codes in MMA-fragment order and the ``wperm`` bit order, which every
+            GPU kernel family reads with natural-order ``x``. Same result up to fp32 summation
+            order (bitwise the same on the CPU reference, which undoes it).
 
     Returns:
         ``bf16 [M, N]`` = ``bf16((x @ (e2m1 * weight_scale)^T) * global_scale + bias)``,
@@ -75,4 +82,4 @@ def linear(
         NVFP4InputError: wrong dtype, shape, device or alignment; non-finite or
             non-positive ``global_scale``.
     """
-    return torch.ops.nvfp4.linear(x, weight, weight_scale, global_scale, bias)
+    return torch.ops.nvfp4.linear(x, weight, weight_scale, global_scale, bias, wfrag)

@@ -35,23 +35,26 @@ def _mlp_op(
     w2_scale: torch.Tensor,
     w2_global: torch.Tensor,
     swiglu_limit: float | None,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     _check(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global)
-    return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit)
+    return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+                         wfrag=wfrag)
 
 
 @_mlp_op.register_kernel("cuda")
-def _(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
+def _(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
     _check(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     impl = kernels.cuda_kernel("mlp")
     if impl is None:
         return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-                             swiglu_limit)
-    return impl(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit)
+                             swiglu_limit, wfrag=wfrag)
+    return impl(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+                wfrag=wfrag)
 
 
 @_mlp_op.register_fake
-def _(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit):
+def _(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
     check_mlp_meta(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     return x.new_empty(x.shape, dtype=torch.bfloat16)
 
@@ -65,6 +68,8 @@ def mlp(
     w2_scale: torch.Tensor,
     w2_global: torch.Tensor,
     swiglu_limit: float | None = None,
+    *,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     """NVFP4 gated MLP (``torch.ops.nvfp4.mlp``).
 
@@ -76,6 +81,8 @@ def mlp(
         w2: ``uint8 [H, I/2]``; w2_scale: ``float8_e4m3fn [H, I/16]`` (or its bytes as
             ``uint8``); w2_global: fp32 ``[]``.
         swiglu_limit: ``L`` in ``silu(min(gate, L)) * clamp(up, -L, L)``; None for no clamp.
+        wfrag: ``w13`` and ``w2`` were prepared by :func:`nvfp4_ops.to_wfrag_` (EXPERIMENT;
+            see :func:`nvfp4_ops.linear`).
 
     Returns:
         ``bf16 [M, H]``. The activation is rounded to bf16 before the down projection.
@@ -84,4 +91,4 @@ def mlp(
         NVFP4InputError: wrong dtype, shape, device or alignment; bad global scales.
     """
     return torch.ops.nvfp4.mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-                               swiglu_limit)
+                               swiglu_limit, wfrag)

@@ -35,9 +35,15 @@ def linear_reference(
     weight_scale: torch.Tensor,
     global_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     """``bf16 [M, N]`` = ``bf16(linear_fp32(...) + bias)``; shapes as in :func:`linear_fp32`,
-    ``bias`` ``bf16 [N]`` or None."""
+    ``bias`` ``bf16 [N]`` or None; ``wfrag``: ``weight`` is in the prepared order of
+    :func:`nvfp4_ops.kernels.wfrag.prepare_` (undone here, exactly)."""
+    if wfrag:
+        from nvfp4_ops.kernels.wfrag import unprepared
+
+        weight = unprepared(weight)
     y = linear_fp32(x, weight, weight_scale, global_scale)
     if bias is not None:
         y = y + bias.float()

@@ -50,6 +50,7 @@ def mlp_reference(
     w2_scale: torch.Tensor,
     w2_global: torch.Tensor,
     swiglu_limit: float | None,
+    wfrag: bool = False,
 ) -> torch.Tensor:
     """``bf16 [M, H]`` = down(clamped_swiglu(gate(x), up(x))).
 
@@ -58,6 +59,12 @@ def mlp_reference(
         w13 / w13_scale / w13_global: gate+up, see :func:`gate_up_activation`.
         w2: ``uint8 [H, I/2]``; w2_scale: e4m3 ``[H, I/16]``; w2_global: fp32 ``[]``.
         swiglu_limit: ``L`` or None.
+        wfrag: ``w13`` / ``w2`` are in the prepared order of
+            :func:`nvfp4_ops.kernels.wfrag.prepare_` (undone here, exactly).
     """
+    if wfrag:
+        from nvfp4_ops.kernels.wfrag import unprepared
+
+        w13, w2 = unprepared(w13), unprepared(w2)
     h = gate_up_activation(x, w13, w13_scale, w13_global, swiglu_limit)
     return linear_fp32(h, w2, w2_scale, w2_global).to(torch.bfloat16)

@@ -484,3 +484,32 @@ def test_nvfp4_attention_output_projection_is_refused(engine):
     layer = ReplicatedLinear(256, 256, bias=False, quant_config=qc,
                              prefix="model.layers.0.attn.wq_b")
     assert type(layer.quant_method).__name__ == "Nvfp4OpsLinearMethod"
+
+
+def test_dense_wfrag_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
+    """``NVFP4_OPS_DENSE_WFRAG=1`` (EXPERIMENT): post-load processing permutes a quantized
+    linear's codes in place (same storage) into the prepared order of ``nvfp4::to_wfrag_``;
+    the layer then gives bitwise the checkpoint-order answer (the CPU reference undoes it)."""
+    from nvfp4_ops.kernels.wfrag import unprepared
+
+    monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "1")
+    ckpt = Checkpoint("modelopt", seed=17)
+    with built_model(ckpt, "native", str(tmp_path)) as eng:
+        gu = _layer(eng["model"], 1).shared_experts.gate_up_proj
+        before = gu.weight.detach().clone()
+        ptr = gu.weight.data_ptr()
+        process(eng)
+        assert gu.nvfp4_wfrag is True and gu.weight.data_ptr() == ptr
+        assert not torch.equal(gu.weight, before)
+        assert torch.equal(unprepared(gu.weight), before)
+        x = torch.randn(5, gu.input_size_per_partition, generator=torch.Generator().manual_seed(3))
+        x = x.to(torch.bfloat16)
+        with torch.no_grad():
+            got = gu.quant_method.apply(gu, x)
+        want = torch.ops.nvfp4.linear(x, before, gu.weight_scale, gu.weight_global, None)
+        assert torch.isfinite(want).all() and torch.equal(got, want)
+    monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "sometimes")
+    from model_glue.linear import _wfrag_wanted
+
+    with pytest.raises(ValueError, match="NVFP4_OPS_DENSE_WFRAG"):
+        _wfrag_wanted(before)
