@@ -21,8 +21,12 @@ shapes came out ~25 % slower (benchmarks/results/h200_2026-12-01_s4: (18432, 716
 us after (7168, 18432) M = 8192, 31.2 us run alone; the memory-bound bf16 M = 1 baseline moved
 ~3 %). Each row's NVFP4 and bf16 times are always taken back to back.
 
-Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192] [--out FILE]``
-(needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_<gpu>.json`` by default.
+Weight order (``--weight-order``): ``checkpoint`` (default) or ``wfrag`` (EXPERIMENT: the
+weights prepared by ``nvfp4.to_wfrag_`` and the op called with ``wfrag=True``, as the vLLM glue
+does on CUDA with ``NVFP4_OPS_DENSE_WFRAG``).
+
+Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192]
+[--weight-order checkpoint|wfrag] [--out FILE]`` (needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_<gpu>.json`` by default.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def time_graph(make_call, sets: int, reps: int, iters: int) -> float:
     return replay_median_us(graph, iters, calls_per_replay=reps)
 
 
-def bench_one(m: int, n: int, k: int, check: bool) -> Row:
+def bench_one(m: int, n: int, k: int, check: bool, wfrag: bool = False) -> Row:
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     fp4_bytes = 0.5625 * n * k
     sets = max(2, min(8, int(200e6 // fp4_bytes) + 1))
@@ -84,15 +88,21 @@ def bench_one(m: int, n: int, k: int, check: bool) -> Row:
     if check:
         w, s, g = ws[0]
         ref = linear_fp32(x, w, s, g)
-        out = nvfp4_ops.linear(x, w, s, g).float()
+        if wfrag:
+            w = nvfp4_ops.to_wfrag_(w.clone())
+        out = nvfp4_ops.linear(x, w, s, g, wfrag=wfrag).float()
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 3e-3, f"check failed at M={m} N={n} K={k}: rel L2 {err}"
     bws = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(bsets)]
     outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
 
+    if wfrag:
+        for w, _, _ in ws:
+            nvfp4_ops.to_wfrag_(w)
+
     def make_fp4(i):
         w, s, g = ws[i]
-        return lambda: nvfp4_ops.linear(x, w, s, g)
+        return lambda: nvfp4_ops.linear(x, w, s, g, wfrag=wfrag)
 
     def make_bf16(i):
         wt = bws[i % bsets]
@@ -119,6 +129,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--order", choices=("m", "shape"), default="m",
                    help="m: all shapes at the smallest M first; shape: one shape at a time")
+    p.add_argument("--weight-order", choices=("checkpoint", "wfrag"), default="checkpoint",
+                   help="wfrag: weights prepared by nvfp4.to_wfrag_ (EXPERIMENT)")
     args = p.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     nks = [tuple(int(v) for v in s.split("x")) for s in args.nks.split(",")]
@@ -128,7 +140,7 @@ def main() -> None:
         cases = [(m, n, k) for n, k in nks for m in ms]
     rows = []
     for m, n, k in cases:
-        r = bench_one(m, n, k, args.check)
+        r = bench_one(m, n, k, args.check, args.weight_order == "wfrag")
         rows.append(r)
         print(f"M={m:5d} N={n:5d} K={k:5d}  nvfp4 {r.nvfp4_us:9.2f} us  bf16 "
               f"{r.bf16_us:9.2f} us  x{r.speedup:5.2f}  {r.nvfp4_tbs:5.2f} TB/s  "
@@ -139,6 +151,7 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "order": args.order,
+        "weight_order": args.weight_order,
     }
     for mod in ("triton", "cutlass", "tvm_ffi"):
         try:

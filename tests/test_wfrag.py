@@ -241,3 +241,47 @@ def test_dense_variants_include_the_prepared_order():
     assert plain and len(twins) == len(plain)
     assert all(getattr(c, "wperm", False) for c in dense if getattr(c, "wfrag", False))
     assert not any(getattr(c, "wfrag", False) for c in variants if c.grouped)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 128, 1024])
+def test_ops_with_prepared_weights_on_gpu(m):
+    """``nvfp4.linear`` / ``nvfp4.mlp`` with ``wfrag=True`` on prepared weights vs the
+    checkpoint order: within fp32-order noise; a CUDA graph of the prepared linear replays
+    bitwise equal to eager with new inputs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import nvfp4_ops
+    from nvfp4_ops.format import quantize as quantize_nvfp4
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 7168, device="cuda", generator=gen).to(torch.bfloat16)
+    w, ws, wg = quantize_nvfp4(torch.randn(4096, 7168, device="cuda", generator=gen))
+    prepared = nvfp4_ops.to_wfrag_(w.clone())
+    want = nvfp4_ops.linear(x, w, ws, wg).float()
+    got = nvfp4_ops.linear(x, prepared, ws, wg, wfrag=True).float()
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+
+    h, i = 4096, 2048
+    w13, s13, _ = quantize_nvfp4(torch.randn(2 * i, h, device="cuda", generator=gen))
+    w2, s2, g2 = quantize_nvfp4(torch.randn(h, i, device="cuda", generator=gen))
+    g13 = torch.tensor([0.002, 0.003], device="cuda")
+    xh = x[:, :h].contiguous()
+    want = nvfp4_ops.mlp(xh, w13, s13, g13, w2, s2, g2, 7.0).float()
+    got = nvfp4_ops.mlp(xh, nvfp4_ops.to_wfrag_(w13.clone()), s13, g13,
+                        nvfp4_ops.to_wfrag_(w2.clone()), s2, g2, 7.0, wfrag=True).float()
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+
+    static_x = x.clone()
+    nvfp4_ops.linear(static_x, prepared, ws, wg, wfrag=True)  # compiled and run before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = nvfp4_ops.linear(static_x, prepared, ws, wg, wfrag=True)
+    for seed in range(3):
+        new_x = torch.randn(m, 7168, device="cuda",
+                            generator=torch.Generator(device="cuda").manual_seed(seed))
+        static_x.copy_(new_x.to(torch.bfloat16))
+        graph.replay()
+        assert torch.equal(static_y, nvfp4_ops.linear(static_x, prepared, ws, wg, wfrag=True))
