@@ -26,7 +26,8 @@ weights prepared by ``nvfp4.to_wfrag_`` and the op called with ``wfrag=True``, a
 does on CUDA with ``NVFP4_OPS_DENSE_WFRAG``).
 
 Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192]
-[--weight-order checkpoint|wfrag] [--out FILE]`` (needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_<gpu>.json`` by default.
+[--weight-order checkpoint|wfrag] [--out FILE]`` (needs a CUDA GPU). JSON goes to
+``benchmarks/results/linear_<gpu>.json`` by default.
 """
 
 from __future__ import annotations
