@@ -110,8 +110,9 @@ def test_guard_raises_on_compile_after_warmup():
 def test_guard_env_var_and_warmup_cpu(monkeypatch):
     monkeypatch.setenv("NVFP4_OPS_NO_COMPILE_AFTER_WARMUP", "1")
     names = _compile.warmup(["tiny"], run=False)
-    # 4 GEMM problems x 6 token tiles, plus the persistent decode gate/up (few token tiles)
-    assert len(names) == 25 and _compile.is_warm()
+    # 4 GEMM problems x 6 token tiles, plus the persistent decode gate/up (few token tiles),
+    # plus the wfrag + wperm twins of the 2 dense (MLP) problems x 6 tiles
+    assert len(names) == 25 + 12 and _compile.is_warm()
     _compile.clear_memory_cache()
     for cfg in linear_cuda.variants_for_shapes(["tiny"]):
         linear_cuda.compiled_gemm(cfg)  # all from disk: no error

@@ -25,15 +25,20 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     # grouped config reads a permuted order (_kp): the 32-block one at 16-256, the pair order
     # at 8 (the natural grouped 8-token configs are no longer reached); the MoE launches them
     # with pdl (_pdl). Each grouped config also has a twin reading wperm weights (_wp; both
-    # V4 shapes have wperm_supported)
-    assert len(names) == len(VARIANTS) == 56 + 2 * 2 * 6 + 2
+    # V4 shapes have wperm_supported). Each dense config has a twin reading the prepared
+    # order of nvfp4::to_wfrag_ (_wp_wf: wfrag + wperm, natural activations)
+    dense_plain = 56 - (2 * 2 * 6 + 2)
+    assert len(names) == len(VARIANTS) == 56 + 2 * 2 * 6 + 2 + dense_plain
     families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
     grouped = [c for c in VARIANTS if c.grouped]
     assert len(grouped) == 2 * (2 * 2 * 6 + 2) and all(c.kperm for c in grouped)
     assert sum(c.wperm for c in grouped) == len(grouped) // 2
-    assert not any(getattr(c, "wperm", False) for c in VARIANTS if not c.grouped)
-    assert {linear_cuda.config_layout(c) for c in VARIANTS if not c.grouped} == {"natural"}
+    assert not any(getattr(c, "wfrag", False) for c in grouped)
+    dense = [c for c in VARIANTS if not c.grouped]
+    assert sum(c.wfrag for c in dense) == len(dense) // 2 == dense_plain
+    assert all(c.wperm == c.wfrag for c in dense)
+    assert {linear_cuda.config_layout(c) for c in dense} == {"natural"}
     assert {linear_cuda.config_layout(c) for c in grouped if c.block_m == 8} == {"pair"}
     assert sum(c.block_m == 8 and "_p396_" in c.name for c in grouped) == 4  # persistent
     assert all(c.pdl for c in grouped)
@@ -45,9 +50,11 @@ def test_variant_set_covers_every_block_m_and_epilogue():
             for n, k, epi, grouped in s.gemm_problems():
                 kperm = grouped and linear_cuda.grouped_kperm(s.hidden, s.intermediate, bm)
                 for m_tiles in linear_cuda.reach_m_tiles(bm, grouped):
-                    for wperm in (False, True) if grouped else (False,):
+                    orders = ((False, False), (True, False)) if grouped else (
+                        (False, False), (True, True))
+                    for wperm, wfrag in orders:
                         cfg = linear_cuda.choose_config(n, k, bm, epi, False, grouped,
-                                                        m_tiles, kperm, grouped, wperm)
+                                                        m_tiles, kperm, grouped, wperm, wfrag)
                         assert cfg.name in names
 
 

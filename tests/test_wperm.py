@@ -174,6 +174,10 @@ def test_wperm_dispatch():
         with pytest.raises(ValueError, match="no kernel reads wperm"):
             L.choose_config(4096, 4096, bm, "none", False, False, 1, False, False, True)
     variants = {c.name: c for c in L.variants_for_shapes(["v4-flash"])}
-    wp = [n for n in variants if "_wp_" in n]
+    # grouped: a wperm twin of each MoE config; dense: wperm only with wfrag (_wp_wf_)
+    wp = [n for n in variants if "_wp_" in n and "_wf_" not in n]
     assert wp and all(variants[n].grouped for n in wp)
     assert all(n.replace("_wp_", "_") in variants for n in wp)
+    wf = [n for n in variants if "_wf_" in n]
+    assert wf and all("_wp_wf_" in n and not variants[n].grouped for n in wf)
+    assert all(n.replace("_wp_wf_", "_") in variants for n in wf)
