@@ -14,6 +14,7 @@ from nvfp4_ops.format import e2m1_to_float, unpack_e2m1
 from nvfp4_ops.kernels import kperm
 from nvfp4_ops.kernels import wfrag as F
 from nvfp4_ops.kernels import wperm as W
+from nvfp4_ops.testing import kernel_ptx
 
 
 def _words(w: torch.Tensor) -> torch.Tensor:
@@ -91,17 +92,13 @@ def test_wfrag_kernels_compile(family, tmp_path):
     with the same MMAs as the checkpoint-order build, two scales per decoded word and (streamed
     and ``mma.sync``: the activation pairs need no ``prmt`` any more) fewer ``prmt``."""
     pytest.importorskip("cutlass")
-    mod, base, mma = _family_configs()[family]
+    _, base, mma = _family_configs()[family]
     counts = {}
     for name, repl in (("natural", {}), ("wf", {"wfrag": True}),
                        ("wpwf", {"wfrag": True, "wperm": True})):
         cfg = dataclasses.replace(base, **repl)
         assert ("_wf_" in cfg.name) == (name != "natural")
-        out = tmp_path / name
-        out.mkdir()
-        mod.compile_gemm(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
-        (ptx,) = list(out.glob("*.ptx"))
-        text = ptx.read_text()
+        text = kernel_ptx(cfg, tmp_path / name)
         counts[name] = {op: text.count(op) for op in (mma, "prmt.b32", "mul.rn.bf16x2")}
     assert counts["wf"][mma] == counts["wpwf"][mma] == counts["natural"][mma] > 0
     assert counts["wf"]["mul.rn.bf16x2"] == counts["wpwf"]["mul.rn.bf16x2"] > 0
