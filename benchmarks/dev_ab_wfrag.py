@@ -20,7 +20,7 @@ at N = 18432 in session 7); bf16 ``torch.matmul``. Checks first, on NaN-poisoned
 variants alternating for ``--rounds`` rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
-[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--out FILE.json]``.
+[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--jobs 8] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
     parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
                         help="weight shapes N x K")
+    parser.add_argument("--jobs", type=int, default=8,
+                        help="compile every config first in this many worker processes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -50,9 +52,26 @@ def main(argv: list[str] | None = None) -> int:
     from nvfp4_ops.kernels.wfrag import to_wfrag
     from nvfp4_ops.kernels.wperm import to_wperm
 
+    def configs(n: int, k: int, m: int) -> dict:
+        bm = L.block_m_for_tokens(m)
+        base = L.choose_config(n, k, bm, "none", False, False,
+                               min(-(-m // bm), L._m_tiles_cap()))
+        cfgs = {"natural": (base, False), "wfrag": (dataclasses.replace(base, wfrag=True), False),
+                "wfrag+wperm": (dataclasses.replace(base, wfrag=True, wperm=True), True)}
+        if bm in (16, 32):
+            cfgs["wgmma r1"] = (w4a16_wgmma.WgmmaConfig(
+                n, k, "none", False, False, bm, 1, 1, 4, wfrag=True, wperm=True), True)
+        return cfgs
+
+    shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
+    if args.jobs > 1:
+        from nvfp4_ops.cli.precompile import compile_configs
+
+        compile_configs([cfg for n, k in shapes for m in args.ms
+                         for cfg, _ in configs(n, k, m).values()], args.jobs)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     cases: dict[str, dict] = {}
-    for n, k in (tuple(int(v) for v in nk.split("x")) for nk in args.nk):
+    for n, k in shapes:
         torch.manual_seed(n)
         w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
         w_f = to_wfrag(w)
@@ -63,14 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         w_bf16 = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            bm = L.block_m_for_tokens(m)
-            base = L.choose_config(n, k, bm, "none", False, False,
-                                   min(-(-m // bm), L._m_tiles_cap()))
-            cfgs = {"natural": (base, w), "wfrag": (dataclasses.replace(base, wfrag=True), w_f),
-                    "wfrag+wperm": (dataclasses.replace(base, wfrag=True, wperm=True), w_fp)}
-            if bm in (16, 32):
-                cfgs["wgmma r1"] = (w4a16_wgmma.WgmmaConfig(
-                    n, k, "none", False, False, bm, 1, 1, 4, wfrag=True, wperm=True), w_fp)
+            cfgs = {v: (cfg, w_fp if wp else w_f if cfg.wfrag else w)
+                    for v, (cfg, wp) in configs(n, k, m).items()}
+            base = cfgs["natural"][0]
             outs = {v: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for v in cfgs}
 
             def run(cfg, wt, out, x=x, gv=gv, ws=ws):

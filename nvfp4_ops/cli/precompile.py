@@ -31,25 +31,31 @@ def _compile_only(cfg) -> tuple[str, int]:
     return cfg.name, _compile.compile_count() - before
 
 
-def _compile_parallel(shapes: list[str], include_moe: bool, jobs: int) -> int:
-    """Compile every variant of ``shapes`` into the disk cache with ``jobs`` worker processes
-    (spawned: no CUDA state is inherited); returns how many were compiled (not found on disk)."""
+def compile_configs(configs, jobs: int, label: str = "worker") -> int:
+    """Compile ``configs`` (kernel configs of ``linear_cuda``) into the disk cache with ``jobs``
+    spawned worker processes (no CUDA state is inherited), printing one progress line each;
+    returns how many were compiled (not found on disk). The A/B scripts use it too."""
     import concurrent.futures
     import multiprocessing
 
-    from nvfp4_ops.kernels import linear_cuda
-
-    variants = linear_cuda.variants_for_shapes(shapes, include_moe=include_moe)
+    configs = list(dict.fromkeys(configs))
     compiled = 0
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_compile_only, cfg) for cfg in variants]
+        futures = [pool.submit(_compile_only, cfg) for cfg in configs]
         for i, fut in enumerate(concurrent.futures.as_completed(futures)):
             name, n = fut.result()
             compiled += n
-            print(f"[{i + 1}/{len(variants)}] {name} ({'compiled' if n else 'on disk'}, "
-                  f"worker)", flush=True)
+            print(f"[{i + 1}/{len(configs)}] {name} ({'compiled' if n else 'on disk'}, "
+                  f"{label})", flush=True)
     return compiled
+
+
+def _compile_parallel(shapes: list[str], include_moe: bool, jobs: int) -> int:
+    """:func:`compile_configs` over every variant of ``shapes``."""
+    from nvfp4_ops.kernels import linear_cuda
+
+    return compile_configs(linear_cuda.variants_for_shapes(shapes, include_moe=include_moe), jobs)
 
 
 def main(argv: list[str]) -> int:
