@@ -131,10 +131,43 @@ CASES = [  # (family, M): the tiles linear's dispatch uses, plus WGMMA's one-war
 ]
 
 
+NKS = [(7168, 18432), (18432, 7168), (4096, 4096)]
+
+
+def _base_config(family: str, n: int, k: int, m: int):
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.cute import w4a16_wgmma
+
+    bm = L.block_m_for_tokens(m)
+    if family == "wgmma_r1":
+        return w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4)
+    return L.choose_config(n, k, bm, "none", False, False, min(-(-m // bm), L._m_tiles_cap()))
+
+
+def _triple(base):
+    return (base, dataclasses.replace(base, wfrag=True),
+            dataclasses.replace(base, wfrag=True, wperm=True))
+
+
+@pytest.fixture(scope="module")
+def compiled_cases():
+    """Compile the GPU cases' 81 configs first in parallel worker processes (into the disk
+    cache), instead of one after another inside the tests."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from nvfp4_ops import _compile
+    from nvfp4_ops.cli.precompile import compile_configs
+
+    if _compile.cache_dir() is not None:
+        compile_configs([c for fam, m in CASES for n, k in NKS
+                         for c in _triple(_base_config(fam, n, k, m))],
+                        max(1, min(8, (os.cpu_count() or 2) // 2)), "test precompile")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("nk", [(7168, 18432), (18432, 7168), (4096, 4096)])
+@pytest.mark.parametrize("nk", NKS)
 @pytest.mark.parametrize("family,m", CASES)
-def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk):
+def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     """Same config with ``wfrag`` (and ``wfrag`` + ``wperm``) on the permuted weights vs the
     checkpoint-order kernel: within fp32-order noise of each other (max abs diff <= 1e-2 of the
     output's max), every row written (NaN-poisoned outputs); ``wperm`` bitwise equal to
@@ -142,7 +175,6 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels.cute import w4a16_wgmma
 
     n, k = nk
     gen = torch.Generator(device="cuda").manual_seed(n + m)
@@ -152,20 +184,14 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk):
     wg = torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     gv = L.per_row_global_view(wg, n)
-    bm = L.block_m_for_tokens(m)
-    if family == "wgmma_r1":
-        base = w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4)
-    else:
-        base = L.choose_config(n, k, bm, "none", False, False,
-                               min(-(-m // bm), L._m_tiles_cap()))
+    base = _base_config(family, n, k, m)
     fam = type(base).__module__.rsplit(".", 1)[1]
     assert fam == {"stream": "w4a16_stream", "mma.sync": "w4a16_gemm"}.get(
         family, "w4a16_wgmma")
     w_f = F.to_wfrag(w)
     w_fp = W.to_wperm(w_f)
     outs = []
-    for cfg, wt in ((base, w), (dataclasses.replace(base, wfrag=True), w_f),
-                    (dataclasses.replace(base, wfrag=True, wperm=True), w_fp)):
+    for cfg, wt in zip(_triple(base), (w, w_f, w_fp), strict=True):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         L._launch(cfg, x, None, wt[None], ws[None], gv, out, None, None, None)
         outs.append(out)
