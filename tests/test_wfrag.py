@@ -308,3 +308,42 @@ def test_ops_with_prepared_weights_on_gpu(m):
         static_x.copy_(new_x.to(torch.bfloat16))
         graph.replay()
         assert torch.equal(static_y, nvfp4_ops.linear(static_x, prepared, ws, wg, wfrag=True))
+
+
+def test_wfrag_dispatch_small_tiles_by_width():
+    """Dense 16 / 32-token tiles on wfrag weights: the one-warpgroup WGMMA tile once its 64-row
+    blocks fill two waves of SMs (N >= 16896), ``mma.sync`` below that, with a bias, or on
+    checkpoint-order weights."""
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    for bm in (16, 32):
+        wide = L.choose_config(18432, 7168, bm, "none", False, False, 1, wfrag=True, wperm=True)
+        assert type(wide).__name__ == "WgmmaConfig"
+        assert (wide.block_m, wide.row_wgs, wide.split_k, wide.stages) == (bm, 1, 1, 4)
+        assert wide.wfrag and wide.wperm
+        for args, wfrag in (((7168, 18432, bm, "none", False), True),
+                            ((18432, 7168, bm, "none", True), True),
+                            ((18432, 7168, bm, "none", False), False)):
+            cfg = L.choose_config(*args, False, 1, wfrag=wfrag)
+            assert type(cfg).__name__ == "GemmConfig" and cfg.wfrag == wfrag
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 29])
+def test_linear_wide_small_m_on_gpu(m, compiled_cases):
+    """``nvfp4.linear`` at (18432, 7168) and 16 / 29 tokens on prepared weights (the dispatch's
+    one-warpgroup WGMMA tile) vs the checkpoint order (``mma.sync``): within fp32-order noise,
+    every element written."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import nvfp4_ops
+    from nvfp4_ops.format import quantize as quantize_nvfp4
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 7168, device="cuda", generator=gen).to(torch.bfloat16)
+    w, ws, wg = quantize_nvfp4(torch.randn(18432, 7168, device="cuda", generator=gen))
+    want = nvfp4_ops.linear(x, w, ws, wg).float()
+    got = nvfp4_ops.linear(x, nvfp4_ops.to_wfrag_(w.clone()), ws, wg, wfrag=True).float()
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
