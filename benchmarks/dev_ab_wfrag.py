@@ -20,7 +20,7 @@ at N = 18432 in session 7); bf16 ``torch.matmul``. Checks first, on NaN-poisoned
 variants alternating for ``--rounds`` rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
-[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--stream-sweep] [--jobs 8]
+[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--sweep stream|wgmma] [--jobs 8]
 [--out FILE.json]``.
 """
 
@@ -36,13 +36,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab  # noqa: E402
 
-#: ``--stream-sweep``: streamed-tile variants (``StreamConfig`` fields) on wfrag + wperm weights
+#: ``--sweep stream``: streamed-tile variants (``StreamConfig`` fields) on wfrag + wperm weights,
+#: timed at 8-token tiles
 STREAM_SWEEP = {
     "st6": dict(stages=6), "st8": dict(stages=8), "wk8 u1": dict(warps_k=8, steps=1),
     "wk8 u1 st6": dict(warps_k=8, steps=1, stages=6), "wk2 u4": dict(warps_k=2, steps=4),
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
 }
+#: ``--sweep wgmma``: WGMMA tiles ``(block_m, row_wgs, split_k, stages)`` on wfrag + wperm
+#: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)
+WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in (
+    (128, 4, 1, 8), (128, 2, 1, 8), (128, 2, 1, 5), (128, 2, 2, 8), (128, 1, 2, 8),
+    (128, 1, 2, 4), (128, 1, 1, 4), (64, 1, 2, 8), (64, 2, 1, 4))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
     parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
                         help="weight shapes N x K")
-    parser.add_argument("--stream-sweep", action="store_true",
-                        help="at 8-token tiles also time streamed tile variants on wfrag + wperm")
+    parser.add_argument("--sweep", choices=("stream", "wgmma"), action="append", default=[],
+                        help="also time tile variants on wfrag + wperm: streamed ones at "
+                             "8-token tiles, WGMMA ones at 64-128-token tiles (repeatable)")
     parser.add_argument("--jobs", type=int, default=8,
                         help="compile every config first in this many worker processes")
     args = parser.parse_args(argv)
@@ -72,13 +79,20 @@ def main(argv: list[str] | None = None) -> int:
         if bm in (16, 32):
             cfgs["wgmma r1"] = (w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, bm, 1, 1, 4, wfrag=True, wperm=True), True)
-        if args.stream_sweep and bm == 8:
+        tries = {}
+        if "stream" in args.sweep and bm == 8:
             wp = cfgs["wfrag+wperm"][0]
-            for name, kw in STREAM_SWEEP.items():
-                try:
-                    cfgs[name] = (dataclasses.replace(wp, **kw), True)
-                except ValueError as exc:
-                    print(f"{n}x{k} {name}: skipped ({exc})")
+            tries = {name: lambda kw=kw: dataclasses.replace(wp, **kw)
+                     for name, kw in STREAM_SWEEP.items()}
+        if "wgmma" in args.sweep and bm in (64, 128):
+            tries = {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
+                n, k, "none", False, False, *t, wfrag=True, wperm=True)
+                for name, t in WGMMA_SWEEP.items()}
+        for name, make in tries.items():
+            try:
+                cfgs[name] = (make(), True)
+            except ValueError as exc:
+                print(f"{n}x{k} {name}: skipped ({exc})")
         return cfgs
 
     shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
@@ -122,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = outs[v].float()
                 diff = (got - ref).abs().max().item() if torch.isfinite(got).all() else 1e30
                 if diff > 1e-2 * ref.abs().max().item():
-                    if v in STREAM_SWEEP:  # a sweep variant that is wrong is dropped, not fatal
+                    if v in STREAM_SWEEP or v in WGMMA_SWEEP:  # dropped, not fatal
                         print(f"{label} {v}: WRONG (max abs diff {diff:.3e}), not timed")
                         del variants[v]
                     else:
