@@ -21,9 +21,9 @@ shapes came out ~25 % slower (benchmarks/results/h200_2026-12-01_s4: (18432, 716
 us after (7168, 18432) M = 8192, 31.2 us run alone; the memory-bound bf16 M = 1 baseline moved
 ~3 %). Each row's NVFP4 and bf16 times are always taken back to back.
 
-Weight order (``--weight-order``): ``checkpoint`` (default) or ``wfrag`` (EXPERIMENT: the
+Weight order (``--weight-order``): ``wfrag`` (default: the
 weights prepared by ``nvfp4.to_wfrag_`` and the op called with ``wfrag=True``, as the vLLM glue
-does on CUDA with ``NVFP4_OPS_DENSE_WFRAG``).
+does on CUDA by default, ``NVFP4_OPS_DENSE_WFRAG``) or ``checkpoint`` (the weights as stored).
 
 Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192]
 [--weight-order checkpoint|wfrag] [--out FILE]`` (needs a CUDA GPU). JSON goes to
@@ -130,8 +130,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--order", choices=("m", "shape"), default="m",
                    help="m: all shapes at the smallest M first; shape: one shape at a time")
-    p.add_argument("--weight-order", choices=("checkpoint", "wfrag"), default="checkpoint",
-                   help="wfrag: weights prepared by nvfp4.to_wfrag_ (EXPERIMENT)")
+    p.add_argument("--weight-order", choices=("checkpoint", "wfrag"), default="wfrag",
+                   help="wfrag: weights prepared by nvfp4.to_wfrag_ (what the glue runs)")
     args = p.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     nks = [tuple(int(v) for v in s.split("x")) for s in args.nks.split(",")]

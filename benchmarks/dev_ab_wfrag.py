@@ -1,5 +1,5 @@
-"""A/B helper (diagnostics, needs a GPU): dense linears on ``wfrag`` weights (EXPERIMENT,
-:mod:`nvfp4_ops.kernels.wfrag`, not wired into ``nvfp4::linear``) vs the checkpoint order.
+"""A/B helper (diagnostics, needs a GPU): dense linears on ``wfrag`` weights
+(:mod:`nvfp4_ops.kernels.wfrag`) vs the checkpoint order, and tile sweeps on them.
 
 Why: every dense family then decodes a lane's own u32 word with ``pair4`` against
 natural-order activations. The streamed (M <= 8) and ``mma.sync`` (M = 16-32) kernels lose

@@ -29,8 +29,11 @@ fi
 if [ "$phase" != tests ]; then
   timeout 60 python3 -m nvfp4_ops check --shape v4-flash --tokens 64 2>&1 \
     | tee "$out/check_v4-flash.log" | tail -8
+  # the prepared (wfrag) weights the vLLM glue runs on CUDA, then the checkpoint order
   timeout 100 python3 benchmarks/bench_linear.py --out "$out/linear_h200.json" 2>&1 \
     | tee "$out/bench_linear.log" | tail -24
+  timeout 100 python3 benchmarks/bench_linear.py --weight-order checkpoint \
+    --out "$out/linear_h200_checkpoint.json" 2>&1 | tee "$out/bench_linear_checkpoint.log" | tail -22
   timeout 150 python3 benchmarks/bench_moe.py --shapes v4-flash --out "$out/moe_h200_v4-flash.json" \
     2>&1 | tee "$out/bench_moe.log" | tail -12
 fi

@@ -1,4 +1,4 @@
-"""The ``wfrag`` weight order (EXPERIMENT, :mod:`nvfp4_ops.kernels.wfrag`): the permutation,
+"""The ``wfrag`` weight order (:mod:`nvfp4_ops.kernels.wfrag`): the permutation,
 what the kernels compute from it (emulated in torch), the three dense kernel families with it
 compile for sm_90a, and (GPU) equal the checkpoint-order kernels up to fp32 summation order."""
 

@@ -95,7 +95,7 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
                   kperm: bool = False, pdl: bool = False, wperm: bool = False,
                   wfrag: bool = False):
     """:func:`_choose_config`, then with ``wfrag`` (the weights' codes in the MMA-fragment
-    order of :mod:`nvfp4_ops.kernels.wfrag`, natural activations; EXPERIMENT) and / or
+    order of :mod:`nvfp4_ops.kernels.wfrag`, natural activations) and / or
     ``wperm`` (the bit order of :mod:`nvfp4_ops.kernels.wperm`) the same config reading that
     order.
 
@@ -391,7 +391,7 @@ def grouped_w4a16_gemm(
         wperm: ``w`` holds its codes in the bit order of :mod:`nvfp4_ops.kernels.wperm`
             (configs that read it only: :func:`reads_wperm`).
         wfrag: ``w`` holds its codes in the MMA-fragment order of
-            :mod:`nvfp4_ops.kernels.wfrag` (EXPERIMENT; natural ``a``, not with ``kperm``).
+            :mod:`nvfp4_ops.kernels.wfrag` (natural ``a``, not with ``kperm``).
 
     Requires ``N_out % 16 == 0`` and ``K % 128 == 0`` (see :func:`supported`).
 

@@ -69,8 +69,8 @@ def linear(
         global_scale: ``float32 []`` or ``[N]`` (one per output row, so fused projections
             whose shards have different ``weight_scale_2`` stay exact); finite, > 0.
         bias: optional ``bf16 [N]``.
-        wfrag: ``weight`` was prepared by :func:`nvfp4_ops.to_wfrag_` (EXPERIMENT, branch
-            ``wfrag``): codes in MMA-fragment order and the ``wperm`` bit order, which every
+        wfrag: ``weight`` was prepared by :func:`nvfp4_ops.to_wfrag_` (what the vLLM glue
+            does on CUDA): codes in MMA-fragment order and the ``wperm`` bit order, which every
             GPU kernel family reads with natural-order ``x``. Same result up to fp32 summation
             order (bitwise the same on the CPU reference, which undoes it).
 

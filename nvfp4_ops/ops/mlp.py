@@ -81,8 +81,8 @@ def mlp(
         w2: ``uint8 [H, I/2]``; w2_scale: ``float8_e4m3fn [H, I/16]`` (or its bytes as
             ``uint8``); w2_global: fp32 ``[]``.
         swiglu_limit: ``L`` in ``silu(min(gate, L)) * clamp(up, -L, L)``; None for no clamp.
-        wfrag: ``w13`` and ``w2`` were prepared by :func:`nvfp4_ops.to_wfrag_` (EXPERIMENT;
-            see :func:`nvfp4_ops.linear`).
+        wfrag: ``w13`` and ``w2`` were prepared by :func:`nvfp4_ops.to_wfrag_` (see
+            :func:`nvfp4_ops.linear`).
 
     Returns:
         ``bf16 [M, H]``. The activation is rounded to bf16 before the down projection.

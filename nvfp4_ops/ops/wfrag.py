@@ -1,6 +1,6 @@
 """``nvfp4::to_wfrag_``: packed FP4 weights of a dense linear from the checkpoint order to the
 prepared order that ``nvfp4::linear`` / ``nvfp4::mlp`` read with ``wfrag=True`` (or back), in
-place (EXPERIMENT, branch ``wfrag``).
+place.
 
 The order is :func:`nvfp4_ops.kernels.wfrag.prepare_`'s: inside every 32-k block of a row the
 codes are moved into MMA-fragment order (:mod:`nvfp4_ops.kernels.wfrag`), then the bits of

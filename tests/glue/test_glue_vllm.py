@@ -487,7 +487,7 @@ def test_nvfp4_attention_output_projection_is_refused(engine):
 
 
 def test_dense_wfrag_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
-    """``NVFP4_OPS_DENSE_WFRAG=1`` (EXPERIMENT): post-load processing permutes a quantized
+    """``NVFP4_OPS_DENSE_WFRAG=1``: post-load processing permutes a quantized
     linear's codes in place (same storage) into the prepared order of ``nvfp4::to_wfrag_``;
     the layer then gives bitwise the checkpoint-order answer (the CPU reference undoes it)."""
     from nvfp4_ops.kernels.wfrag import unprepared

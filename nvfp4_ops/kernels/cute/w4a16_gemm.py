@@ -132,7 +132,7 @@ class GemmConfig(GemmProblem):
     row_groups: int = 1
     stages: int = 2
     decode: str = "shift"
-    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
     #: (natural activations): ``pair4`` registers, register ``j`` of word ``i`` (block scale
     #: ``j // 2``) against element ``i`` of the block's ``j``-th activation load
     wfrag: bool = False

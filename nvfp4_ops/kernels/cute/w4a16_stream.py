@@ -219,7 +219,7 @@ class StreamConfig(GemmProblem):
     #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (a cheaper decode, bitwise the same MMAs)
     wperm: bool = False
-    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
     #: and the activations natural: word ``i``'s register ``j`` meets the activation u32
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step_wfrag`)

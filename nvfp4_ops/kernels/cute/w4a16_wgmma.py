@@ -172,7 +172,7 @@ class WgmmaConfig(GemmProblem):
     #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
     wperm: bool = False
-    #: EXPERIMENT: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
     #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
     #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
     wfrag: bool = False
