@@ -20,8 +20,8 @@ at N = 18432 in session 7); bf16 ``torch.matmul``. Checks first, on NaN-poisoned
 variants alternating for ``--rounds`` rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
-[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3] [--sweep stream|wgmma] [--jobs 8]
-[--out FILE.json]``.
+[--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3]
+[--sweep stream|small|wgmma] [--jobs 8] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,19 @@ STREAM_SWEEP = {
 WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in (
     (128, 4, 1, 8), (128, 2, 1, 8), (128, 2, 1, 5), (128, 2, 2, 8), (128, 1, 2, 8),
     (128, 1, 2, 4), (128, 1, 1, 4), (64, 1, 2, 8), (64, 2, 1, 4))}
+#: ``--sweep small``: at 16-32-token tiles, ``mma.sync`` variants (``GemmConfig`` fields) and
+#: the small WGMMA tiles ``(row_wgs, split_k, stages)``, on wfrag + wperm weights
+MMA_SWEEP = {
+    "mma rg4": dict(row_groups=4), "mma rg1": dict(row_groups=1), "mma st3": dict(stages=3),
+    "mma wk4 rg4": dict(warps_k=4, row_groups=4), "mma wn2": dict(warps_n=2),
+    "mma wk16": dict(warps_k=16), "mma wn2 wk4": dict(warps_n=2, warps_k=4),
+}
+SMALL_WGMMA_SWEEP = {f"wg r{r} s{sk} st{st}": (r, sk, st) for r, sk, st in (
+    (1, 1, 3), (1, 1, 6), (1, 1, 8), (2, 1, 4), (2, 1, 8))}
+
+
+#: the variants every case has (a wrong one fails the run)
+CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
     parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
                         help="weight shapes N x K")
-    parser.add_argument("--sweep", choices=("stream", "wgmma"), action="append", default=[],
+    parser.add_argument("--sweep", choices=("stream", "small", "wgmma"), action="append",
+                        default=[],
                         help="also time tile variants on wfrag + wperm: streamed ones at "
-                             "8-token tiles, WGMMA ones at 64-128-token tiles (repeatable)")
+                             "8-token tiles, mma.sync and small WGMMA ones at 16-32, WGMMA "
+                             "ones at 64-128 (repeatable)")
     parser.add_argument("--jobs", type=int, default=8,
                         help="compile every config first in this many worker processes")
     args = parser.parse_args(argv)
@@ -66,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels.cute import w4a16_wgmma
+    from nvfp4_ops.kernels.cute import w4a16_stream, w4a16_wgmma
     from nvfp4_ops.kernels.wfrag import to_wfrag
     from nvfp4_ops.kernels.wperm import to_wperm
 
@@ -84,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
             wp = cfgs["wfrag+wperm"][0]
             tries = {name: lambda kw=kw: dataclasses.replace(wp, **kw)
                      for name, kw in STREAM_SWEEP.items()}
+        if "small" in args.sweep and bm in (16, 32):
+            mma = L._choose_config(n, k, bm, "none", False, False, 1)
+            if type(mma).__name__ == "GemmConfig":
+                mma = dataclasses.replace(mma, wfrag=True, wperm=True)
+                cfgs["mma base"] = (mma, True)
+                tries = {name: lambda kw=kw: dataclasses.replace(mma, **kw)
+                         for name, kw in MMA_SWEEP.items()}
+            stream = w4a16_stream.choose_config(n, k, bm)
+            tries.update({f"stream {name}": lambda kw=kw: dataclasses.replace(
+                stream, wfrag=True, wperm=True, **kw) for name, kw in (
+                    ("base", {}), ("fence st4", dict(release="fence", stages=4)),
+                    ("wk8 u1", dict(warps_k=8, steps=1)))})
+            tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
+                n, k, "none", False, False, bm, *t, wfrag=True, wperm=True)
+                for name, t in SMALL_WGMMA_SWEEP.items()})
         if "wgmma" in args.sweep and bm in (64, 128):
             tries = {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, *t, wfrag=True, wperm=True)
@@ -136,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = outs[v].float()
                 diff = (got - ref).abs().max().item() if torch.isfinite(got).all() else 1e30
                 if diff > 1e-2 * ref.abs().max().item():
-                    if v in STREAM_SWEEP or v in WGMMA_SWEEP:  # dropped, not fatal
+                    if v not in CORE:  # a wrong sweep variant is dropped, not fatal
                         print(f"{label} {v}: WRONG (max abs diff {diff:.3e}), not timed")
                         del variants[v]
                     else:
