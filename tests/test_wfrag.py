@@ -320,7 +320,7 @@ def test_wfrag_dispatch_small_tiles_by_width():
     for bm in (16, 32):
         wide = L.choose_config(18432, 7168, bm, "none", False, False, 1, wfrag=True, wperm=True)
         assert type(wide).__name__ == "WgmmaConfig"
-        assert (wide.block_m, wide.row_wgs, wide.split_k, wide.stages) == (bm, 1, 1, 4)
+        assert (wide.block_m, wide.row_wgs, wide.split_k, wide.stages) == (bm, 1, 1, 6)
         assert wide.wfrag and wide.wperm
         for args, wfrag in (((7168, 18432, bm, "none", False), True),
                             ((18432, 7168, bm, "none", True), True),

@@ -118,19 +118,20 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
 
 
 def _wfrag_small_tile(cfg):
-    """The one-warpgroup 4-stage WGMMA tile for a dense 16 / 32-token ``mma.sync`` problem on
+    """The one-warpgroup 6-stage WGMMA tile for a dense 16 / 32-token ``mma.sync`` problem on
     ``wfrag`` weights whose 64-row blocks fill two waves (N >= 2 * 64 * SMs; no bias, no
-    epilogue), else None. H200 (benchmarks/results/h200_2026-12-01_s8/ab_wfrag.log), median µs
-    at N = 18432, K = 7168, M = 16 / 32: 58.1 / 58.5 vs 70.9 / 94.6 for ``mma.sync`` on the
-    same weights (62.0 / 94.7 on checkpoint order); at N = 7168 (112 CTAs) it is ~2x slower
-    than ``mma.sync`` (98.1 vs 51.3 at M = 16)."""
+    epilogue), else None. H200 A/B runs (benchmarks/results/h200_2026-12-01_s8/ab/), median
+    µs at N = 18432, K = 7168, M = 16 / 32: 4 stages 58.1 / 58.5 vs 70.9 / 94.6 for
+    ``mma.sync`` on the same weights (62.0 / 94.7 on checkpoint order; ``ab_wfrag.log``); 6
+    stages 51.3 / 54.1 vs 4 stages 53.7 / 55.9, 8 stages 51.5 / 58.8 (``small_sweep.log``). At
+    N = 7168 (112 CTAs) it is ~2x slower than ``mma.sync`` (94.0 vs 49.7 at M = 16)."""
     if type(cfg).__module__.rsplit(".", 1)[1] != _MMA or cfg.grouped:
         return None
     wg = _kernel_module(_WGMMA)
     if (cfg.block_m not in (16, 32) or cfg.epilogue != "none" or cfg.has_bias
             or cfg.n < 2 * 64 * wg.NUM_SMS or not wg.supported(cfg.n, cfg.k)):
         return None
-    return wg.WgmmaConfig(cfg.n, cfg.k, "none", False, False, cfg.block_m, 1, 1, 4, wfrag=True)
+    return wg.WgmmaConfig(cfg.n, cfg.k, "none", False, False, cfg.block_m, 1, 1, 6, wfrag=True)
 
 
 def reads_wperm(cfg) -> bool:
