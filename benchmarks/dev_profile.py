@@ -1,7 +1,8 @@
 """Run one W4A16 GEMM config a few times on fresh random data, for a profiler (ncu) to attach.
 
 Usage (device): ``ncu --kernel-name regex:W4A16 --launch-skip 2 --launch-count 1 --section ...
-python3 benchmarks/dev_profile.py linear N K M`` or ``... grouped N K T EPILOGUE``: the config
+python3 benchmarks/dev_profile.py linear N K M`` (``linear-wfrag``: on prepared weights, as the
+vLLM glue runs it on CUDA) or ``... grouped N K T EPILOGUE``: the config
 is the dispatch's :func:`nvfp4_ops.kernels.linear_cuda.choose_config` choice (``block_m`` and
 ``m_tiles`` from the token count; grouped: k-permuted when the MoE would use it), grouped runs
 use the real top-6 routing over 256 experts.
@@ -21,6 +22,8 @@ from nvfp4_ops.testing import random_routing
 
 def main() -> None:
     kind, n, k, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    wfrag = kind == "linear-wfrag"  # random bytes: any order is valid data
+    kind = "linear" if wfrag else kind
     epi = sys.argv[5] if len(sys.argv) > 5 else "none"
     groups = 256 if kind == "grouped" else 1
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -45,11 +48,11 @@ def main() -> None:
     kperm = kind == "grouped" and linear_cuda.grouped_kperm(k, n_out, bm)
     m_tiles = min(-(-rows // bm), linear_cuda._m_tiles_cap(kind == "grouped"))
     print(linear_cuda.choose_config(n, k, bm, epi, False, kind == "grouped", m_tiles,
-                                    kperm).name, flush=True)
+                                    kperm, wperm=wfrag, wfrag=wfrag).name, flush=True)
     for _ in range(4):
         linear_cuda.grouped_w4a16_gemm(a, te, w, s, g, out, epilogue=epi, swiglu_limit=10.0,
                                        row_scale=rs, block_m=bm, kperm=kperm,
-                                       tile_rows=tile_rows)
+                                       tile_rows=tile_rows, wperm=wfrag, wfrag=wfrag)
     torch.cuda.synchronize()
 
 
