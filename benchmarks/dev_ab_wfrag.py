@@ -44,12 +44,6 @@ STREAM_SWEEP = {
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
 }
-#: ``--sweep xprefetch``: the activation prefetch (``StreamConfig.x_prefetch``) at 8-token tiles
-XPREFETCH_SWEEP = {
-    "xp1": dict(x_prefetch=1), "xp2": dict(x_prefetch=2),
-    "wk8 u1 xp1": dict(warps_k=8, steps=1, x_prefetch=1), "rows8 xp1": dict(rows8=True,
-                                                                            x_prefetch=1),
-}
 #: ``--sweep wgmma``: WGMMA tiles ``(block_m, row_wgs, split_k, stages)`` on wfrag + wperm
 #: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)
 WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in (
@@ -75,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
     parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
                         help="weight shapes N x K")
-    parser.add_argument("--sweep", choices=("stream", "xprefetch", "small", "wgmma"),
-                        action="append",
+    parser.add_argument("--sweep", choices=("stream", "small", "wgmma"), action="append",
                         default=[],
                         help="also time tile variants on wfrag + wperm: streamed ones at "
                              "8-token tiles, mma.sync and small WGMMA ones at 16-32, WGMMA "
@@ -121,19 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, bm, *t, wfrag=True, wperm=True)
                 for name, t in SMALL_WGMMA_SWEEP.items()})
-        if "xprefetch" in args.sweep and bm == 8:
-            wp = cfgs["wfrag+wperm"][0]
-            tries.update({name: lambda kw=kw: dataclasses.replace(wp, **kw)
-                          for name, kw in XPREFETCH_SWEEP.items()})
-            tries["natural xp1"] = lambda: dataclasses.replace(cfgs["natural"][0], x_prefetch=1)
         if "wgmma" in args.sweep and bm in (64, 128):
             tries = {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, *t, wfrag=True, wperm=True)
                 for name, t in WGMMA_SWEEP.items()}
         for name, make in tries.items():
             try:
-                cfg = make()
-                cfgs[name] = (cfg, cfg.wperm)  # wperm here means wfrag + wperm weights
+                cfgs[name] = (make(), True)
             except ValueError as exc:
                 print(f"{n}x{k} {name}: skipped ({exc})")
         return cfgs

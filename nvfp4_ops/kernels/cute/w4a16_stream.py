@@ -224,11 +224,6 @@ class StreamConfig(GemmProblem):
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step_wfrag`)
     wfrag: bool = False
-    #: prefetch each consumer warp's activations this many K chunks ahead into L1
-    #: (``prefetch.global.L1``, one per lane, step and token tile; 0 = off): at M = 1 ncu showed
-    #: 42 % of the consumers' stall cycles waiting on activation loads that missed L1 (85 %
-    #: hit rate; benchmarks/results/h200_2026-12-01_s8/ncu)
-    x_prefetch: int = 0
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -260,8 +255,6 @@ class StreamConfig(GemmProblem):
         if self.ctas and self.release != "fence":
             # a lagged release never frees an item's last stage: the next item would deadlock
             raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
-        if not 0 <= self.x_prefetch <= 4:
-            raise ValueError(f"x_prefetch must be in [0, 4] chunks, got {self.x_prefetch}")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
 
@@ -318,8 +311,7 @@ class StreamConfig(GemmProblem):
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{f'_xp{self.x_prefetch}' if self.x_prefetch else ''}"
-            f"_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
 
@@ -443,10 +435,6 @@ def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
         f"[{{$r0}}], [{{$r1}}], {nbytes}, [{{$r2}}];",
         read_only_args=[dst, src, bar],
     )
-
-
-def _prefetch_l1(addr: Int64) -> None:
-    inline_ptx("prefetch.global.L1 [{$r0}];", read_only_args=[addr])
 
 
 def _lds_u16(addr: Int32, offset: int):
@@ -683,15 +671,6 @@ class W4A16StreamGemm(DirectLaunch):
             a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
                               + Int64(quad * 64 + warp * 256))
         for c in cutlass.range(self.chunks, unroll=1):
-            if const_expr(cfg.x_prefetch > 0):
-                # this warp's activations of a later chunk (the last chunk's again at the end:
-                # in bounds, and it is in L1 already); each lane's 64 bytes per step lie in one
-                # 128-byte line
-                cn = cutlass.min(c + cfg.x_prefetch, self.chunks - 1)
-                for u in cutlass.range_constexpr(cfg.steps):
-                    for t in cutlass.range_constexpr(self.num_tiles):
-                        _prefetch_l1(a_row_addr[t] + Int64(cn * (cfg.kc * 2))
-                                     + Int64(256 * cfg.warps_k * u))
             g = done + c
             s = g % cfg.stages
             _mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
