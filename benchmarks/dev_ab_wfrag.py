@@ -48,7 +48,8 @@ STREAM_SWEEP = {
 #: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)
 WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in (
     (128, 4, 1, 8), (128, 2, 1, 8), (128, 2, 1, 5), (128, 2, 2, 8), (128, 1, 2, 8),
-    (128, 1, 2, 4), (128, 1, 1, 4), (64, 1, 2, 8), (64, 2, 1, 4))}
+    (128, 1, 2, 4), (128, 1, 1, 4), (64, 1, 2, 8), (64, 2, 1, 4), (128, 3, 1, 8),
+    (128, 3, 1, 6), (64, 3, 1, 8), (256, 2, 1, 6))}
 #: ``--sweep small``: at 16-32-token tiles, ``mma.sync`` variants (``GemmConfig`` fields) and
 #: the small WGMMA tiles ``(row_wgs, split_k, stages)``, on wfrag + wperm weights
 MMA_SWEEP = {
@@ -114,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, bm, *t, wfrag=True, wperm=True)
                 for name, t in SMALL_WGMMA_SWEEP.items()})
-        if "wgmma" in args.sweep and bm in (64, 128):
+        if "wgmma" in args.sweep and bm in (64, 128, 256):
+            # unverified tiles too: the check below drops a wrong one
             tries = {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
-                n, k, "none", False, False, *t, wfrag=True, wperm=True)
+                n, k, "none", False, False, *t, wfrag=True, wperm=True, allow_unverified=True)
                 for name, t in WGMMA_SWEEP.items()}
         for name, make in tries.items():
             try:

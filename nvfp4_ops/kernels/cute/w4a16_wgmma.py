@@ -183,8 +183,12 @@ class WgmmaConfig(GemmProblem):
 
     def __post_init__(self) -> None:
         self.check_problem()
-        if self.row_wgs not in (1, 2, 4) or self.split_k not in (1, 2, 4):
-            raise ValueError("row_wgs and split_k must be 1, 2 or 4")
+        if self.row_wgs not in (1, 2, 3, 4) or self.split_k not in (1, 2, 4):
+            raise ValueError("row_wgs must be 1, 2, 3 or 4 and split_k 1, 2 or 4")
+        if self.row_wgs == 3 and (self.grouped or self.split_k > 1 or self.block_m > 128):
+            # 512 threads leave 128 registers per lane at launch: a 256-token tile's
+            # accumulators do not fit (ptxas C7602)
+            raise ValueError("row_wgs=3 is for dense problems without split_k, block_m <= 128")
         if self.consumers > 4:
             raise ValueError(f"at most 4 consumer warpgroups, got {self.consumers}")
         if ((self.split_k > 1 or self.consumers > 2) and not self.allow_unverified
