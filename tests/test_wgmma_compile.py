@@ -62,15 +62,20 @@ def test_unvalidated_configs_are_refused():
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=48)
     # the GPU-verified ones are accepted
     for bm, r, sk in w4a16_wgmma.VERIFIED_MULTI:
-        w4a16_wgmma.WgmmaConfig(7168, 18432, "none", block_m=bm, row_wgs=r, split_k=sk)
+        w4a16_wgmma.WgmmaConfig(18432, 7168, "none", block_m=bm, row_wgs=r, split_k=sk)
+    # three row warpgroups: dense, no split-K, at most 128 tokens (register budget)
+    for kw in (dict(grouped=True), dict(split_k=2), dict(block_m=256)):
+        with pytest.raises(ValueError, match="row_wgs=3"):
+            w4a16_wgmma.WgmmaConfig(18432, 7168, "none", **{"block_m": 128, "row_wgs": 3,
+                                                            "allow_unverified": True, **kw})
 
 
 def test_register_split_fits_the_launch_allocation():
     """setmaxnreg moves registers inside the CTA's launch allocation (65536 / threads, rounded
     down to 8, per lane): asking for more blocks setmaxnreg.inc forever (the 640-thread hang)."""
     for bm, r, sk in [(128, 2, 1), (256, 2, 1), (128, 1, 2), (128, 1, 4), (128, 2, 2),
-                      (128, 4, 1)]:
-        cfg = w4a16_wgmma.WgmmaConfig(7168, 18432, "none", block_m=bm, row_wgs=r, split_k=sk)
+                      (128, 4, 1), (128, 3, 1)]:
+        cfg = w4a16_wgmma.WgmmaConfig(18432, 7168, "none", block_m=bm, row_wgs=r, split_k=sk)
         kern = w4a16_wgmma.W4A16WgmmaGemm(cfg)
         assert cfg.uses_setmaxnreg
         used = 128 * kern.producer_regs + 128 * cfg.consumers * kern.consumer_regs
@@ -104,9 +109,14 @@ def test_dense_choice_follows_the_h200_sweep():
         return cfg.row_wgs, cfg.split_k
 
     assert tile(7168, 18432, 128, 1) == (1, 2)  # M=128: 83.4 us (bf16 74.2)
-    assert tile(18432, 7168, 128, 1) == (4, 1)  # M=128: 99.4 us
+    # (18432, 7168): three row warpgroups (session 8, h200_2026-12-01_s8/ab/r3.log, wfrag
+    # weights): M=128 75.1 us vs r4 s1 95.6; M=199 143.7 vs r2 s2 149.8
+    assert tile(18432, 7168, 128, 1) == (3, 1)
     assert tile(7168, 18432, 128, 2) == (2, 2)  # M=199: 135.7 us
-    assert tile(18432, 7168, 128, 2) == (2, 2)  # M=199: 168.6 us
+    assert tile(18432, 7168, 128, 2) == (3, 1)
+    # r3 only without epilogue or bias (what the H200 runs validated)
+    assert w4a16_wgmma.choose_config(18432, 7168, 128, has_bias=True, m_tiles=1).row_wgs != 3
+    assert w4a16_wgmma.choose_config(36864, 7168, 128, "swiglu", m_tiles=1).row_wgs != 3
     assert tile(4096, 4096, 256, 2) == (1, 2)  # M=512: 27.9 us vs 45.4 for r2 s1
     assert tile(7168, 18432, 256, 2) == (2, 1)  # M=512: 203.9 us
     for n, k in [(4096, 4096), (7168, 18432), (18432, 7168)]:

@@ -135,10 +135,12 @@ SMEM_BUDGET = 227 * 1024 - 1024
 #: dense ``(block_m, row_wgs, split_k)`` tiles with split-K or 4 consumer warpgroups that ran
 #: exact on H200 (``none`` at (4096, 4096), (7168, 18432), (18432, 7168), M = 128 and 199 or
 #: 1024 and 199; ``swiglu`` and ``none + bias`` at (4096, 4096), M = 77 and 300;
-#: benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Others are refused unless
-#: ``allow_unverified``.
+#: benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt; ``(128, 3, 1)``: ``none`` at
+#: (18432, 7168), M = 128, 199 on wfrag + wperm weights, within fp32-order noise of the
+#: checkpoint-order kernel, h200_2026-12-01_s8/ab/r3.log, and the session-8 GPU tests). Others
+#: are refused unless ``allow_unverified``.
 VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), (256, 1, 2),
-                            (64, 1, 2)})
+                            (64, 1, 2), (128, 3, 1)})
 
 
 @dataclass(frozen=True)
@@ -267,9 +269,14 @@ NUM_SMS = 132
 #: weight blocks (relative, one CTA per SM), measured on H200 at (N, K) = (7168, 18432) with one
 #: wave of CTAs (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt): block_m 128,
 #: M = 128: r1 s2 83.4 us (112 CTAs), r2 s1 142.6 (56), r2 s2 136.0 (56), r4 s1 244.5 (28);
-#: block_m 256, M = 512: r1 s2 239.9 us (224 CTAs, 2 waves), r2 s1 203.9 (112).
+#: block_m 256, M = 512: r1 s2 239.9 us (224 CTAs, 2 waves), r2 s1 203.9 (112). r3 s1 (three
+#: row warpgroups, N % 192 == 0 only, so not at that shape): 75.1 us at (18432, 7168) M = 128
+#: (96 CTAs; r4 s1 95.6 there, 72 CTAs), scaled by K to 193.1 (r4: 95.6 -> 245.8, matching)
+#: (benchmarks/results/h200_2026-12-01_s8/ab/r3.log). r3 is used without epilogue and bias only
+#: (the H200 runs that validated it).
 DENSE_TILES = {
-    128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5},
+    128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5,
+          (3, 1): 3 / 193.1},
     256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
 }
 #: grouped ``block_m`` -> ring stages of the one-row-warpgroup tile (:func:`choose_config`)
@@ -340,6 +347,8 @@ def choose_config(
     best, best_time = None, 0.0
     for (row_wgs, split_k), blocks_per_us in DENSE_TILES[block_m].items():
         if n_out % (per_wg * row_wgs) != 0 or k % (BLOCK_K * split_k) != 0:
+            continue
+        if row_wgs == 3 and (epilogue != "none" or has_bias):
             continue
         try:
             cfg = WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, split_k)
