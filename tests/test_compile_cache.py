@@ -140,10 +140,11 @@ def test_precompile_jobs_fills_the_disk_cache(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     total = len(linear_cuda.variants_for_shapes(["tiny"]))
     assert f"{total} compiled by 2 workers" in first.stdout
-    assert f"{total} variants ready ({total} compiled, 0 from cache)" in first.stdout
+    ready = f"{total} CuTeDSL variants ready"
+    assert f"{ready} ({total} compiled, 0 from the disk cache)" in first.stdout
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert f"{total} variants ready (0 compiled, {total} from cache)" in second.stdout
+    assert f"{ready} (0 compiled, {total} from the disk cache)" in second.stdout
     bad = subprocess.run(cmd + ["--jobs", "0"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr
@@ -161,4 +162,4 @@ def test_precompile_jobs_falls_back_to_one_process(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "compile workers failed (RuntimeError: no workers here)" in captured.err
     total = len(linear_cuda.variants_for_shapes(["tiny"]))
-    assert f"{total} variants ready" in captured.out
+    assert f"{total} CuTeDSL variants ready" in captured.out

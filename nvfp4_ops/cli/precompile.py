@@ -99,10 +99,14 @@ def main(argv: list[str]) -> int:
                   f"{' and running' if run else ''}", flush=True)
     names = nvfp4_ops.warmup(args.shape, run=run, include_moe=not args.no_moe,
                              progress=lambda line: print(line, flush=True))
+    from nvfp4_ops.kernels import linear_cuda
+
+    cute = len(linear_cuda.variants_for_shapes(args.shape, include_moe=not args.no_moe))
     compiled = _compile.compile_count() + worker_compiles
-    print(f"precompile: {len(names)} variants ready ({compiled} compiled, "
-          f"{len(names) - compiled} from cache) in {time.perf_counter() - start:.1f} s",
-          flush=True)
+    triton = f", {len(names) - cute} Triton MoE kernels run" if len(names) > cute else ""
+    print(f"precompile: {cute} CuTeDSL variants ready ({compiled} compiled, "
+          f"{cute - compiled} from the disk cache){triton} in "
+          f"{time.perf_counter() - start:.1f} s", flush=True)
     return 0
 
 
