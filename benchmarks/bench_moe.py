@@ -10,7 +10,10 @@ Side by side in the same run, for each shape and token count ``T``:
   combine) on the same routing.
 
 Timing: each variant is captured once in a CUDA graph; every measured replay is preceded by an
-untimed L2 flush (a 256 MB write) and timed with CUDA events; we report the median.
+untimed L2 flush and timed with CUDA events; we report the median. ``--flush write`` (default,
+every committed result so far) writes a 256 MB buffer: L2 is then full of dirty lines whose
+write-back competes with the timed kernel for HBM, which likely inflates short calls.
+``--flush read`` reads the buffer instead (clean lines, nothing to write back).
 Routing is uniform random top-k (distinct experts per token).
 
 Reported per row:
@@ -141,8 +144,19 @@ class Bf16GroupedMoE:
         return out.to(torch.bfloat16)
 
 
-def time_graph(fn, reps: int, warm_reps: int, flush: torch.Tensor) -> float:
-    """Median µs of ``fn`` replayed from a CUDA graph, L2 flushed before every timed replay."""
+def l2_flush(buf: torch.Tensor, mode: str = "write"):
+    """A callable that evicts L2 through ``buf`` (larger than L2): ``write`` fills it (dirty
+    lines), ``read`` reduces over it (clean lines)."""
+    if mode == "write":
+        return lambda: buf.fill_(1)
+    if mode == "read":
+        return lambda: torch.amax(buf)
+    raise ValueError(f"flush mode must be write or read, got {mode!r}")
+
+
+def time_graph(fn, reps: int, warm_reps: int, flush) -> float:
+    """Median µs of ``fn`` replayed from a CUDA graph, L2 flushed before every timed replay
+    (``flush``: a callable from :func:`l2_flush`, or a buffer to write)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -150,7 +164,8 @@ def time_graph(fn, reps: int, warm_reps: int, flush: torch.Tensor) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = capture([fn])
-    t = replay_median_us(graph, reps, before_each=lambda: flush.fill_(1))
+    t = replay_median_us(graph, reps,
+                         before_each=flush if callable(flush) else l2_flush(flush))
     del graph
     return t
 
@@ -198,7 +213,8 @@ def check(shape: MoEShape, experts, tokens, device: str, wperm: bool = False) ->
 
 
 def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bool,
-                device: str, weight_order: str = "auto") -> tuple[list[Row], list[dict]]:
+                device: str, weight_order: str = "auto",
+                flush_mode: str = "write") -> tuple[list[Row], list[dict]]:
     from nvfp4_ops.kernels import moe_cuda
 
     t0 = time.time()
@@ -223,7 +239,7 @@ def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bo
     checks = check(shape, experts, CHECK_TOKENS, device, wperm) if do_check else []
     if do_check and not all(c["ok"] for c in checks):
         raise SystemExit(f"{shape.name}: --check failed: {checks}")
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    flush = l2_flush(torch.empty(256 * 2**20, dtype=torch.uint8, device=device), flush_mode)
     bytes_per_expert = shape.bytes_per_expert
     rows = []
     for num_tokens in tokens:
@@ -428,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight-order", choices=["auto", "checkpoint", "wperm"],
                         default="auto", help="the experts' code bit order (auto: wperm where "
                         "the kernels read it, as the vLLM glue does)")
+    parser.add_argument("--flush", choices=["write", "read"], default="write",
+                        help="how L2 is flushed before each timed replay (module docstring)")
     parser.add_argument("--sweep", action="store_true",
                         help="diagnostics only: whole op per block_m and per-stage times")
     args = parser.parse_args(argv)
@@ -449,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     all_rows, all_checks = [], []
     for name in args.shapes:
         rows, checks = bench_shape(get_shape(name), args.tokens, args.reps, args.check,
-                                   not args.no_baseline, device, args.weight_order)
+                                   not args.no_baseline, device, args.weight_order,
+                                   args.flush)
         all_rows += rows
         all_checks += checks
         torch.cuda.empty_cache()  # this shape's weights are gone; give the next one room
@@ -460,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "gpu": gpu, "versions": versions(), "utc": stamp,
         "method": "CUDA-graph replay, L2 flushed before each replay, median of reps",
+        "flush": args.flush,
         "reps": args.reps, "implementation": nvfp4_ops.kernels.describe("moe", device),
         "weight_order": args.weight_order,
         "roofline": {"hbm_tbps": HBM_TBPS, "peak_tflops": PEAK_TFLOPS},

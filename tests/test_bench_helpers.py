@@ -49,3 +49,18 @@ def test_moe_gemms_match_the_op_data_flow(block_m, kperm):
     # every routed slot's row lies in a real tile
     assert bool(mg.real[routing.slot_row.reshape(-1).long()].all())
     assert mg.m_tiles == min(p // block_m, linear_cuda._m_tiles_cap(True))
+
+
+def test_l2_flush_modes():
+    """``bench_moe.l2_flush``: ``write`` fills the buffer, ``read`` leaves it untouched, other
+    modes are refused."""
+    import bench_moe
+
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    bench_moe.l2_flush(buf, "write")()
+    assert int(buf.min()) == 1
+    buf.zero_()
+    bench_moe.l2_flush(buf, "read")()
+    assert int(buf.max()) == 0
+    with pytest.raises(ValueError, match="write or read"):
+        bench_moe.l2_flush(buf, "evict")
