@@ -374,35 +374,24 @@ class W4A16GroupedGemm(DirectLaunch):
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        # round r: checkpoint order decodes word r (register j = codes (j, j + 4) of its 8 k,
+        # block scale r // 2); wfrag takes register r of all four words (word i: natural k pair
+        # 8r + 2i + {0, 1}, block scale r // 2, as in w4a16_stream.mma_step). Either way
+        # the round meets the block's r-th 16-byte activation load.
         if const_expr(cfg.wfrag):
-            # wfrag: round j takes register j of the four words (word i: natural k pair
-            # 8j + 2i + {0, 1}, block scale j // 2) and the block's j-th activation load, whose
-            # element i is word i's pair (as w4a16_stream.mma_step_wfrag)
-            decode = decode_reg_wperm if cfg.wperm else decode_reg_pair4
-            for j in range(4):
-                dec = []
-                for q2 in range(nr):
-                    dec.append([decode(wbuf[(slot * nr + q2) * 4 + i], j, scl[q2][j // 2])
-                                for i in range(4)])
-                for t in range(self.num_tiles):
-                    xv = ld_v4_at(x_addr[t], j * 16)
-                    for q in range(nq):
-                        dg = dec[2 * q]
-                        d8 = dec[2 * q + 1]
-                        base = 4 * (q * self.num_tiles + t)
-                        mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
-                        mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
-            return
-        for i in range(4):
+            decode_reg = decode_reg_wperm if cfg.wperm else decode_reg_pair4
+        else:
+            decode_word = decode_word_shift if cfg.decode == "shift" else decode_word_lut
+        for r in range(4):
             dec = []
             for q2 in range(nr):
-                wv = wbuf[(slot * nr + q2) * 4 + i]
-                if cfg.decode == "shift":
-                    dec.append(decode_word_shift(wv, scl[q2][i // 2]))
+                words = [wbuf[(slot * nr + q2) * 4 + i] for i in range(4)]
+                if const_expr(cfg.wfrag):
+                    dec.append([decode_reg(words[i], r, scl[q2][r // 2]) for i in range(4)])
                 else:
-                    dec.append(decode_word_lut(wv, scl[q2][i // 2]))
+                    dec.append(decode_word(words[r], scl[q2][r // 2]))
             for t in range(self.num_tiles):
-                xv = ld_v4_at(x_addr[t], i * 16)
+                xv = ld_v4_at(x_addr[t], r * 16)
                 for q in range(nq):
                     dg = dec[2 * q]
                     d8 = dec[2 * q + 1]

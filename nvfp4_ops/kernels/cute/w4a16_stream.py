@@ -222,7 +222,7 @@ class StreamConfig(GemmProblem):
     #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
     #: and the activations natural: word ``i``'s register ``j`` meets the activation u32
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
-    #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step_wfrag`)
+    #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
     wfrag: bool = False
     arch: str = "sm_90a"
 
@@ -712,18 +712,26 @@ class W4A16StreamGemm(DirectLaunch):
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
+        # round r: checkpoint order decodes word r (register j = codes (j, j + 4) of its 8 k,
+        # block scale r // 2) and pairs the r-th 16-byte activation load to match (``prmt``, or
+        # nothing with ``kperm`` activations). ``wfrag`` takes register r of all four words
+        # (word i: natural k pair 8r + 2i + {0, 1} of the 32-k block, block scale r // 2): the
+        # MMAs take words (0, 1) and (2, 3) as their two k slots against the natural load r.
         if const_expr(self.cfg.wfrag):
-            self.mma_step_wfrag(acc, wv, scl, zero, x_addr)
-            return
-        for i in range(4):
+            decode_reg = decode_reg_wperm if self.cfg.wperm else decode_reg_pair4
+        else:
+            decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
+        for r in range(4):
             dec = []
             for q2 in range(nr):
-                decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
-                dec.append(decode(wv[q2][i], scl[q2][i // 2]))
+                if const_expr(self.cfg.wfrag):
+                    dec.append([decode_reg(wv[q2][i], r, scl[q2][r // 2]) for i in range(4)])
+                else:
+                    dec.append(decode(wv[q2][r], scl[q2][r // 2]))
             for t in range(self.num_tiles):
-                xv = ld_v4_at(x_addr[t], i * 16)
-                if self.cfg.kperm:
-                    # pair order: word j already holds k (p+j, p+j+4) (module docstring)
+                xv = ld_v4_at(x_addr[t], r * 16)
+                if self.cfg.wfrag or self.cfg.kperm:
+                    # wfrag: natural pairs; pair order: word j holds k (p+j, p+j+4) already
                     b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
                 else:
                     b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
@@ -734,29 +742,6 @@ class W4A16StreamGemm(DirectLaunch):
                     base = 4 * (q * self.num_tiles + t)
                     mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], b0, b1)
                     mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], b2, b3)
-
-    def mma_step_wfrag(self, acc, wv, scl, zero, x_addr):
-        """:meth:`mma_step`'s decode and MMAs for ``wfrag`` weights and natural activations.
-        Round ``j`` takes register ``j`` of the lane's four words (word ``i``: natural k pair
-        ``8 j + 2 i + {0, 1}`` of its 32-k block, block scale ``j // 2``) and the block's
-        ``j``-th 16-byte activation load (k ``8 j .. 8 j + 7``), whose element ``i`` is word
-        ``i``'s pair: the MMAs take words (0, 1) and (2, 3) as their two k slots. Same loads
-        and registers as the natural path, no ``prmt``. Plain Python (inlined while tracing)."""
-        nq = self.num_row_sets
-        nr = self.frags * nq
-        decode = decode_reg_wperm if self.cfg.wperm else decode_reg_pair4
-        for j in range(4):
-            dec = []
-            for q2 in range(nr):
-                dec.append([decode(wv[q2][i], j, scl[q2][j // 2]) for i in range(4)])
-            for t in range(self.num_tiles):
-                xv = ld_v4_at(x_addr[t], j * 16)
-                for q in range(nq):
-                    dg = dec[self.frags * q]
-                    d8 = dec[2 * q + 1] if self.frags == 2 else (zero, zero, zero, zero)
-                    base = 4 * (q * self.num_tiles + t)
-                    mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], xv[0], xv[1])
-                    mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], xv[2], xv[3])
 
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
