@@ -25,6 +25,7 @@ __all__ = [
     "NVFP4InputError",
     "set_value_checks",
     "value_checks_enabled",
+    "check_codes_in_place",
     "check_linear_meta",
     "check_mlp_meta",
     "check_moe_meta",
@@ -109,6 +110,18 @@ def expect_k_aligned(op: str, name: str, k: int, what: str) -> None:
             f"{op}: {what} = {k} must be a positive multiple of {K_ALIGN} "
             f"(16-element scale blocks, 16-byte rows); seen via {name}"
         )
+
+
+def check_codes_in_place(op: str, w: torch.Tensor, byte_multiple: int, rule: str) -> None:
+    """``w`` for an in-place reorder of packed FP4 codes (``nvfp4::to_wperm_`` /
+    ``to_wfrag_``): uint8 ``[..., K/2]`` whose last dimension is a multiple of
+    ``byte_multiple`` (``rule`` says it in the error), contiguous."""
+    if w.dtype != torch.uint8 or w.dim() < 1 or w.shape[-1] % byte_multiple != 0:
+        raise NVFP4InputError(
+            f"{op}: w must be packed FP4 codes, uint8 [..., K/2] with {rule}, got {w.dtype} "
+            f"{tuple(w.shape)}")
+    if not w.is_contiguous():
+        raise NVFP4InputError(f"{op}: w must be contiguous (permuted in place)")
 
 
 def check_linear_meta(

@@ -13,19 +13,14 @@ from __future__ import annotations
 import torch
 
 from nvfp4_ops._library import qualname
-from nvfp4_ops._validate import NVFP4InputError
+from nvfp4_ops._validate import check_codes_in_place
 from nvfp4_ops.kernels import wperm as _layout
 
 __all__ = ["to_wperm_"]
 
 
 def _check(w: torch.Tensor) -> None:
-    if w.dtype != torch.uint8 or w.dim() < 1 or w.shape[-1] % 4 != 0:
-        raise NVFP4InputError(
-            "nvfp4.to_wperm_: w must be packed FP4 codes, uint8 [..., K/2] with K/2 a multiple "
-            f"of 4 (whole u32 words), got {w.dtype} {tuple(w.shape)}")
-    if not w.is_contiguous():
-        raise NVFP4InputError("nvfp4.to_wperm_: w must be contiguous (permuted in place)")
+    check_codes_in_place("nvfp4.to_wperm_", w, 4, "K/2 a multiple of 4 (whole u32 words)")
 
 
 @torch.library.custom_op(qualname("to_wperm_"), mutates_args=("w",))
