@@ -118,12 +118,12 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
 
 
 def _wfrag_wanted(weight: torch.Tensor) -> bool:
-    """``NVFP4_OPS_DENSE_WFRAG``: ``auto`` (default): on CUDA where the order is defined (``K``
-    a multiple of 32; other layers keep the checkpoint order); ``1``: always (``to_wfrag_``
-    raises on a ``K`` it cannot take); ``0``: never."""
+    """``NVFP4_OPS_DENSE_WFRAG``: ``auto`` (default): on CUDA; ``1``: always; ``0``: never.
+    (Every layer this method builds has ``K % 32 == 0``, checked in ``create_weights``, which
+    is all ``to_wfrag_`` needs.)"""
     mode = os.environ.get("NVFP4_OPS_DENSE_WFRAG", "auto").strip().lower()
     if mode not in ("auto", "1", "0"):
         raise ValueError(f"NVFP4_OPS_DENSE_WFRAG must be auto, 1 or 0, got {mode!r}")
     if mode != "auto":
         return mode == "1"
-    return weight.is_cuda and (2 * weight.shape[-1]) % 32 == 0
+    return weight.is_cuda
