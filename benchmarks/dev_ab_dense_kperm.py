@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             bm = L.block_m_for_tokens(m)
             base = L.choose_config(n, k, bm, "none", False, False,
                                    min(-(-m // bm), L._m_tiles_cap()))
-            if type(base).__module__.rsplit(".", 1)[1] == "w4a16_wgmma":
+            if L.config_family(base) == "w4a16_wgmma":
                 kp = dataclasses.replace(base, kperm=True)
             elif bm in (16, 32):
                 # mma.sync ships here; the WGMMA tile of the same size on permuted x instead,

@@ -29,7 +29,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     # order of nvfp4::to_wfrag_ (_wp_wf: wfrag + wperm, natural activations)
     dense_plain = 56 - (2 * 2 * 6 + 2)
     assert len(names) == len(VARIANTS) == 56 + 2 * 2 * 6 + 2 + dense_plain
-    families = {type(c).__module__.rsplit(".", 1)[1] for c in VARIANTS}
+    families = {linear_cuda.config_family(c) for c in VARIANTS}
     assert families == {"w4a16_stream", "w4a16_gemm", "w4a16_wgmma"}
     grouped = [c for c in VARIANTS if c.grouped]
     assert len(grouped) == 2 * (2 * 2 * 6 + 2) and all(c.kperm for c in grouped)
@@ -87,8 +87,7 @@ def test_bad_configs_rejected():
 def test_dispatch_families_and_fallbacks():
     """Which family serves which tile, and the mma.sync fallback for shapes WGMMA refuses."""
 
-    def family(cfg):
-        return type(cfg).__module__.rsplit(".", 1)[1]
+    family = linear_cuda.config_family
 
     assert family(linear_cuda.choose_config(7168, 18432, 8)) == "w4a16_stream"
     assert family(linear_cuda.choose_config(7168, 18432, 16)) == "w4a16_gemm"

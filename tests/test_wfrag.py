@@ -185,7 +185,7 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     gv = L.per_row_global_view(wg, n)
     base = _base_config(family, n, k, m)
-    fam = type(base).__module__.rsplit(".", 1)[1]
+    fam = L.config_family(base)
     assert fam == {"stream": "w4a16_stream", "mma.sync": "w4a16_gemm"}.get(
         family, "w4a16_wgmma")
     w_f = F.to_wfrag(w)

@@ -117,6 +117,12 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     return cfg
 
 
+def config_family(cfg) -> str:
+    """The kernel family (module name under ``kernels/cute``) a config of any family belongs to:
+    ``w4a16_stream``, ``w4a16_gemm`` or ``w4a16_wgmma``."""
+    return type(cfg).__module__.rsplit(".", 1)[1]
+
+
 def _wfrag_small_tile(cfg):
     """The one-warpgroup 6-stage WGMMA tile for a dense 16 / 32-token ``mma.sync`` problem on
     ``wfrag`` weights whose 64-row blocks fill two waves (N >= 2 * 64 * SMs; no bias, no
@@ -125,7 +131,7 @@ def _wfrag_small_tile(cfg):
     ``mma.sync`` on the same weights (62.0 / 94.7 on checkpoint order; ``ab_wfrag.log``); 6
     stages 51.3 / 54.1 vs 4 stages 53.7 / 55.9, 8 stages 51.5 / 58.8 (``small_sweep.log``). At
     N = 7168 (112 CTAs) it is ~2x slower than ``mma.sync`` (94.0 vs 49.7 at M = 16)."""
-    if type(cfg).__module__.rsplit(".", 1)[1] != _MMA or cfg.grouped:
+    if config_family(cfg) != _MMA or cfg.grouped:
         return None
     wg = _kernel_module(_WGMMA)
     if (cfg.block_m not in (16, 32) or cfg.epilogue != "none" or cfg.has_bias
@@ -138,7 +144,7 @@ def reads_wperm(cfg) -> bool:
     """Whether a config's kernel can read weights in the ``wperm`` bit order (its decoder is
     ``pair4`` on whole u32 words: the streamed family, the WGMMA family with ``kperm``, and
     every family with ``wfrag``)."""
-    family = type(cfg).__module__.rsplit(".", 1)[1]
+    family = config_family(cfg)
     return (family == _STREAM or getattr(cfg, "wfrag", False)
             or (family == _WGMMA and getattr(cfg, "kperm", False)))
 
@@ -233,7 +239,7 @@ def config_layout(cfg) -> str:
     order (``pair`` for the streamed family, ``kperm`` for WGMMA)."""
     if not getattr(cfg, "kperm", False):
         return "natural"
-    return _KPERM_LAYOUT[type(cfg).__module__.rsplit(".", 1)[1]]
+    return _KPERM_LAYOUT[config_family(cfg)]
 
 
 def block_m_for_tokens(num_tokens: int) -> int:
