@@ -21,7 +21,7 @@ variants alternating for ``--rounds`` rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
 [--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3]
-[--sweep stream|small|wgmma] [--jobs 8] [--out FILE.json]``.
+[--sweep stream|small|wgmma] [--flush write|read] [--jobs 8] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ STREAM_SWEEP = {
     "wk8 u1 st6": dict(warps_k=8, steps=1, stages=6), "wk2 u4": dict(warps_k=2, steps=4),
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
+    # activations through shared memory (x_rows: only M <= x_rows is computed; the check
+    # drops a variant at a larger M)
+    "xs1": dict(x_rows=1), "xs1 st3": dict(x_rows=1, stages=3),
+    "xs1 st6": dict(x_rows=1, stages=6), "xs1 wk8 u1": dict(x_rows=1, warps_k=8, steps=1),
+    "xs2": dict(x_rows=2), "xs4": dict(x_rows=4), "xs4 st3": dict(x_rows=4, stages=3),
+    "xs8 st3": dict(x_rows=8, stages=3), "xs8 st2": dict(x_rows=8, stages=2),
 }
 #: ``--sweep wgmma``: WGMMA tiles ``(block_m, row_wgs, split_k, stages)`` on wfrag + wperm
 #: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time tile variants on wfrag + wperm: streamed ones at "
                              "8-token tiles, mma.sync and small WGMMA ones at 16-32, WGMMA "
                              "ones at 64-128 (repeatable)")
+    parser.add_argument("--flush", choices=("write", "read"), default="write",
+                        help="how L2 is evicted before each replay (bench_moe.l2_flush)")
     parser.add_argument("--jobs", type=int, default=8,
                         help="compile every config first in this many worker processes")
     args = parser.parse_args(argv)
@@ -133,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
         compile_configs([cfg for n, k in shapes for m in args.ms
                          for cfg, _ in configs(n, k, m).values()], args.jobs)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    import bench_moe
+
+    flush = bench_moe.l2_flush(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"),
+                               args.flush)
     cases: dict[str, dict] = {}
     for n, k in shapes:
         torch.manual_seed(n)
