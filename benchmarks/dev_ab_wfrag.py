@@ -43,12 +43,6 @@ STREAM_SWEEP = {
     "wk8 u1 st6": dict(warps_k=8, steps=1, stages=6), "wk2 u4": dict(warps_k=2, steps=4),
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
-    # activations through shared memory (x_rows: only M <= x_rows is computed; the check
-    # drops a variant at a larger M)
-    "xs1": dict(x_rows=1), "xs1 st3": dict(x_rows=1, stages=3),
-    "xs1 st6": dict(x_rows=1, stages=6), "xs1 wk8 u1": dict(x_rows=1, warps_k=8, steps=1),
-    "xs2": dict(x_rows=2), "xs4": dict(x_rows=4), "xs4 st3": dict(x_rows=4, stages=3),
-    "xs8 st3": dict(x_rows=8, stages=3), "xs8 st2": dict(x_rows=8, stages=2),
 }
 #: ``--sweep wgmma``: WGMMA tiles ``(block_m, row_wgs, split_k, stages)`` on wfrag + wperm
 #: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)

@@ -169,9 +169,6 @@ BLOCK_MS = (8, 16, 32)
 #: bytes of shared memory an sm_90 CTA may use (227 KB)
 _SMEM_LIMIT = 227 * 1024
 _BAR_BYTES = 128  # full[8] + empty[8] mbarriers
-#: activation rows in shared memory are copied in pieces of this many bytes, each followed by
-#: 16 bytes of padding (bank-conflict-free consumer reads; ``StreamConfig.x_rows``)
-_X_PIECE = 128
 
 
 def _odd16(nbytes: int) -> int:
@@ -227,20 +224,10 @@ class StreamConfig(GemmProblem):
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
     wfrag: bool = False
-    #: activations through shared memory (dense only; module docstring, "Activations in
-    #: shared memory"): the producer also bulk-copies token rows ``m0 .. m0 + x_rows - 1`` of
-    #: each K chunk, and the consumers read them with ``ld.shared``. 0 = every consumer lane
-    #: loads its token's activations from global memory. With ``x_rows < block_m`` the kernel
-    #: computes only the first ``x_rows`` tokens of a tile (the caller guarantees ``P <=
-    #: x_rows``; :func:`nvfp4_ops.kernels.linear_cuda.grouped_w4a16_gemm` checks it)
-    x_rows: int = 0
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         self.check_problem()
-        if self.x_rows and (self.grouped or not 1 <= self.x_rows <= self.block_m):
-            raise ValueError(f"x_rows (activations through shared memory) must be in [1, "
-                             f"block_m={self.block_m}] and dense, got {self.x_rows}")
         if self.kperm and not self.grouped:
             raise ValueError("kperm (pair-order activations) is for grouped problems only")
         if self.wfrag and self.kperm:
@@ -302,20 +289,8 @@ class StreamConfig(GemmProblem):
         return _odd16(self.kc // 16)
 
     @property
-    def x_stride(self) -> int:
-        """Bytes per activation row of a stage (``x_rows``): the chunk's ``2 kc`` bytes with 16
-        bytes of padding after every 128 (:data:`_X_PIECE`), plus 32 so consecutive rows start
-        8 banks apart (module docstring, "Activations in shared memory")."""
-        return 2 * self.kc // _X_PIECE * (_X_PIECE + 16) + 32
-
-    @property
-    def x_offset(self) -> int:
-        """Byte offset of the activation rows in a stage (after the weight codes and scales)."""
-        return -(-self.rows_phys * (self.w_stride + self.s_stride) // 16) * 16
-
-    @property
     def stage_bytes(self) -> int:
-        raw = self.x_offset + self.x_rows * self.x_stride
+        raw = self.rows_phys * (self.w_stride + self.s_stride)
         return -(-raw // 128) * 128
 
     @property
@@ -336,8 +311,7 @@ class StreamConfig(GemmProblem):
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{f'_xs{self.x_rows}' if self.x_rows else ''}"
-            f"_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
 
@@ -493,8 +467,7 @@ class W4A16StreamGemm(DirectLaunch):
         self.frags = 1 if cfg.rows8 else 2  # 16-byte fragments per row set and lane
         self.acc_len = 4 * self.num_tiles * self.num_row_sets
         self.chunks = cfg.k // cfg.kc
-        self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16) + cfg.x_rows * 2 * cfg.kc
-        self.x_pieces = 2 * cfg.kc // _X_PIECE  # activation copies per row and stage
+        self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16)
         self.pipe_bytes = _BAR_BYTES + cfg.stages * cfg.stage_bytes
         # launch geometry for DirectLaunch.__call__ (consumer warps + the producer warp)
         self.features_per_cta = cfg.rows_out
@@ -600,7 +573,7 @@ class W4A16StreamGemm(DirectLaunch):
         row0 = tile_n * cfg.rows_out
         m0 = tile_m * cfg.block_m
         if warp == cfg.warps_k:
-            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done, a, m0)
+            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
             if const_expr(cfg.pdl):
                 # the activations, tile_rows and row scales come from earlier kernels
@@ -633,12 +606,9 @@ class W4A16StreamGemm(DirectLaunch):
                               m0, lane // 4, lane % 4, num_rows)
 
     @cute.jit
-    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done, a, m0):
+    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done):
         """Lane r streams weight row r of the CTA (rows r and r + 32 when there are 64); K chunk
-        ``c`` is pipeline chunk ``done + c`` (stage and phase). With ``x_rows``, lane ``i`` also
-        copies the activation pieces ``i, i + 32, ...`` (piece ``j``: token row ``j //
-        x_pieces`` of the tile, clamped to ``P - 1``, bytes ``128 (j % x_pieces)`` on of the
-        chunk)."""
+        ``c`` is pipeline chunk ``done + c`` (stage and phase)."""
         cfg = self.cfg
         n_static = cfg.n
         k_static = cfg.k
@@ -661,17 +631,6 @@ class W4A16StreamGemm(DirectLaunch):
             srcs_s.append(s_base + Int64(grow) * Int64(k_static // 16))
             dsts_w.append(stage0 + r * cfg.w_stride)
             dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
-        srcs_x = []
-        dsts_x = []
-        n_x = cfg.x_rows * self.x_pieces
-        for j in cutlass.range_constexpr((n_x + 31) // 32):
-            piece = lane + 32 * j
-            t = piece // self.x_pieces
-            p = piece - t * self.x_pieces
-            token = cutlass.min(m0 + t, a.shape[0] - 1)
-            srcs_x.append(a.iterator.toint() + Int64(token) * Int64(k_static * 2)
-                          + Int64(p * _X_PIECE))
-            dsts_x.append(stage0 + cfg.x_offset + t * cfg.x_stride + p * (_X_PIECE + 16))
         for c in cutlass.range(self.chunks, unroll=1):
             g = done + c
             s = g % cfg.stages
@@ -686,9 +645,6 @@ class W4A16StreamGemm(DirectLaunch):
                     _bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
                     _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // 16)), kc // 16,
                               full)
-            for j in cutlass.range_constexpr((n_x + 31) // 32):
-                if lane + 32 * j < n_x:
-                    _bulk_g2s(dsts_x[j] + off, srcs_x[j] + Int64(c * (2 * kc)), _X_PIECE, full)
 
     @cute.jit
     def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
@@ -714,13 +670,6 @@ class W4A16StreamGemm(DirectLaunch):
                                 num_rows - 1)
             a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
                               + Int64(quad * 64 + warp * 256))
-        lane_x = []
-        if const_expr(cfg.x_rows):
-            # the same bytes in the stage's padded activation rows (16 bytes after every 128)
-            for t in cutlass.range_constexpr(self.num_tiles):
-                xrow = cutlass.min(t * 8 + grp, cfg.x_rows - 1)
-                lane_x.append(stage0 + cfg.x_offset + xrow * cfg.x_stride + warp * 288
-                              + quad * 64 + (quad // 2) * 16)
         for c in cutlass.range(self.chunks, unroll=1):
             g = done + c
             s = g % cfg.stages
@@ -736,27 +685,18 @@ class W4A16StreamGemm(DirectLaunch):
             if const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(cfg.steps):
                     kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
-                    if const_expr(cfg.x_rows):
-                        x_addr = [lane_x[t] + off for t in range(self.num_tiles)]
-                        xcol = 288 * cfg.warps_k * u
-                    else:
-                        x_addr = [a_row_addr[t] + Int64(kb * 2) for t in range(self.num_tiles)]
-                        xcol = 0
                     self.mma_step(acc, lw, ls, w_off, s_off, 64 * cfg.warps_k * u,
-                                  8 * cfg.warps_k * u, x_addr, xcol)
+                                  8 * cfg.warps_k * u, a_row_addr, kb)
             if const_expr(cfg.release == "fence"):
                 # order this warp's shared-memory reads (generic proxy) before the bulk copy
                 # (async proxy) that will overwrite the stage once the producer sees the arrive
                 _fence_proxy_async()
                 _mbar_arrive(sbase + 64 + 8 * s)
 
-    def mma_step(self, acc, lw, ls, w_off, s_off, wcol: int, scol: int, x_addr, xcol: int):
-        """One 128-k step: fragments from shared memory, decode, MMA against the activations
-        (``x_addr[t]``: the lane's global address of token tile ``t`` at this step, or with
-        ``x_rows`` its shared-memory address in the stage, ``xcol`` bytes before the step).
+    def mma_step(self, acc, lw, ls, w_off, s_off, wcol: int, scol: int, a_row_addr, kb):
+        """One 128-k step: fragments from shared memory, decode, MMA against the activations.
 
-        Plain Python (inlined while tracing); ``wcol``/``scol``/``xcol`` are static byte
-        offsets.
+        Plain Python (inlined while tracing); ``wcol``/``scol`` are static byte offsets.
         """
         nq = self.num_row_sets
         nr = self.frags * nq
@@ -769,6 +709,9 @@ class W4A16StreamGemm(DirectLaunch):
         for q2 in range(nr):
             wv.append(ld_shared_v4_at(lw, w_off[q2] + wcol))
             scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
+        x_addr = []
+        for t in range(self.num_tiles):
+            x_addr.append(a_row_addr[t] + Int64(kb * 2))
         # round r: checkpoint order decodes word r (register j = codes (j, j + 4) of its 8 k,
         # block scale r // 2) and pairs the r-th 16-byte activation load to match (``prmt``, or
         # nothing with ``kperm`` activations). ``wfrag`` takes register r of all four words
@@ -786,10 +729,7 @@ class W4A16StreamGemm(DirectLaunch):
                 else:
                     dec.append(decode(wv[q2][r], scl[q2][r // 2]))
             for t in range(self.num_tiles):
-                if const_expr(self.cfg.x_rows):
-                    xv = ld_shared_v4_at(x_addr[t], xcol + r * 16)
-                else:
-                    xv = ld_v4_at(x_addr[t], r * 16)
+                xv = ld_v4_at(x_addr[t], r * 16)
                 if self.cfg.wfrag or self.cfg.kperm:
                     # wfrag: natural pairs; pair order: word j holds k (p+j, p+j+4) already
                     b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
