@@ -452,6 +452,9 @@ def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_sc
         w_scale = w_scale.view(torch.uint8)
     if w_global.dim() == 2:
         w_global = w_global.unflatten(1, (_global_halves(cfg.epilogue), -1))
+    if getattr(cfg, "streamk", 0):
+        # a dense stream-K kernel takes its counters and scratch in these two slots
+        tile_expert, tile_rows = streamk_scratch(cfg, a.shape[0], dev)
     fn(
         _aligned(a),
         _aligned(w),
@@ -464,6 +467,24 @@ def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_sc
         bias.contiguous() if bias is not None else _dummy(torch.bfloat16, dev),
         float("inf") if swiglu_limit is None else float(swiglu_limit),
     )
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def streamk_scratch(cfg, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(counters, scratch)`` for a dense stream-K config (``streamk`` CTAs per SM; the
+    streamed family's ``StreamConfig.streamk``): int32 zeros, one per work item (feature tile
+    x token tile), and int32 words for two fp32 partial sums per CTA, whose number the kernel
+    reads off the scratch's length: ``min(units, SMs * streamk)`` CTAs for ``units`` (item,
+    K chunk) pairs. Allocated per call (the counters' zeroing is a memset in a CUDA graph)."""
+    items = cfg.n_out // cfg.rows_out * -(-num_rows // cfg.block_m)
+    units = items * (cfg.k // cfg.kc)
+    ctas = min(units, _sm_count(device) * cfg.streamk)
+    return (torch.zeros(items, dtype=torch.int32, device=device),
+            torch.empty(ctas * 2 * cfg.partial_len, dtype=torch.int32, device=device))
 
 
 def _tile_rows(tile_rows, tile_expert, block_m, dev):

@@ -137,9 +137,10 @@ class DirectLaunch:
     launch (its kernel must then call ``griddepcontrol.wait`` before reading what the previous
     kernel wrote)."""
 
-    def grid(self, grid_n, grid_m):
+    def grid(self, grid_n, grid_m, tile_rows):
         """Launch grid for ``grid_n`` feature tiles x ``grid_m`` token tiles (plain Python,
-        inlined while tracing; ``grid_m`` is symbolic)."""
+        inlined while tracing; ``grid_m`` is symbolic). ``tile_rows``: that argument (a dense
+        stream-K kernel sizes its grid from its length)."""
         return [grid_n, grid_m, 1]
 
     @cute.jit
@@ -164,7 +165,7 @@ class DirectLaunch:
         kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
                              swiglu_limit)
         kernel.launch(
-            grid=self.grid(grid_n, grid_m),
+            grid=self.grid(grid_n, grid_m, tile_rows),
             block=[self.threads, 1, 1],
             smem=self.launch_smem,
             stream=stream,

@@ -1,0 +1,103 @@
+"""Stream-K dense tiles (``StreamConfig.streamk``): the configs compile for sm_90a and refuse
+what they do not cover; on a GPU they equal the one-CTA-per-tile kernel up to fp32 summation
+order, bitwise reproducibly, and leave their tile counters at zero."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+def _stream():
+    from nvfp4_ops import _compile
+
+    _compile.ensure_cutlass_env()
+    from nvfp4_ops.kernels.cute import w4a16_stream
+
+    return w4a16_stream
+
+
+def _config(n: int, k: int, block_m: int = 8, streamk: int = 4, **kw):
+    S = _stream()
+    return dataclasses.replace(S.choose_config(n, k, block_m), wfrag=True, wperm=True,
+                               streamk=streamk, **kw)
+
+
+def test_streamk_config_compiles():
+    S = _stream()
+    cfg = _config(7168, 18432)
+    assert cfg.name.endswith("_wp_wf_sk4_sm_90a")
+    assert cfg.partial_len == 4 * 32  # 16 rows x 8 tokens per CTA, fp32
+    assert callable(S.compile_gemm(cfg))
+
+
+def test_streamk_config_errors():
+    S = _stream()
+    base = S.choose_config(4096, 4096, 8)
+    with pytest.raises(ValueError, match="streamk must be >= 0"):
+        dataclasses.replace(base, streamk=-1)
+    for kw in (dict(grouped=True), dict(ctas=132), dict(release="lag")):
+        with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
+            dataclasses.replace(base, streamk=2, **kw)
+    swiglu = S.choose_config(4096, 4096, 8, "swiglu")
+    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
+        dataclasses.replace(swiglu, streamk=2)
+
+
+#: (N, K, M, streamk): the issue's shapes at decode sizes; a narrow layer whose items each split
+#: over ~9 CTAs (1024 x 18432: 64 items x 18 chunks on 528 CTAs); more CTAs than units
+#: (256 x 512: 16 one-chunk items, so every piece is a whole item)
+GPU_CASES = [(7168, 18432, 1, 4), (7168, 18432, 7, 4), (18432, 7168, 1, 4), (1024, 18432, 3, 4),
+             (1024, 18432, 16, 5), (256, 512, 2, 4), (4096, 4096, 5, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,m,sk", GPU_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_streamk_matches_tiles_on_gpu(n, k, m, sk, bias):
+    """Stream-K vs the same tile without it, on wfrag + wperm weights: within fp32-order noise
+    (max abs diff <= 1e-2 of the output's max), every element written (NaN-poisoned output),
+    two runs bitwise equal, and the counters back at zero."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels import wfrag, wperm
+
+    S = _stream()
+    bm = L.block_m_for_tokens(m)
+    base = dataclasses.replace(S.choose_config(n, k, bm, has_bias=bias), wfrag=True,
+                               wperm=True)
+    cfg = dataclasses.replace(base, streamk=sk)
+    gen = torch.Generator(device="cuda").manual_seed(n + m)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    w = wperm.to_wperm(wfrag.to_wfrag(w))
+    ws = (torch.rand(n, k // 16, device="cuda", generator=gen) * 3 + 2.0**-9).to(
+        torch.float8_e4m3fn)
+    gv = L.per_row_global_view(torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3, n)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if bias else None
+    outs = []
+    for c in (base, cfg, cfg):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        L._launch(c, x, None, w[None], ws[None], gv, out, None, None, b)
+        outs.append(out.float())
+    ref, got, again = outs
+    assert torch.isfinite(got).all()
+    assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert torch.equal(got, again)
+    # the kernel leaves its counters at zero (each item's finisher resets its own)
+    counters, scratch = L.streamk_scratch(cfg, m, x.device)
+    counters.fill_(0)
+    fn = L.compiled_gemm(cfg)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    f32 = L._dummy(torch.float32, x.device)
+    fn(x, w[None], ws[None].view(torch.uint8), gv, out, counters, scratch, f32,
+       b if bias else L._dummy(torch.bfloat16, x.device), float("inf"))
+    torch.cuda.synchronize()
+    assert int(counters.abs().sum()) == 0
+    assert torch.equal(out.float(), got)
