@@ -132,6 +132,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 
+from nvfp4_ops.kernels.cute import streamk
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_reg_pair4,
     decode_reg_wperm,
@@ -453,26 +454,6 @@ def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
     )
 
 
-def _atom_add_u32(addr: Int64, value: int):
-    """Atomic ``*addr += value`` on a global u32 (relaxed, GPU scope); returns the old value."""
-    return inline_ptx(f"atom.global.add.u32 {{$w0}}, [{{$r0}}], {value};",
-                      write_only_types=[Int32], read_only_args=[addr])
-
-
-def _st_global_u32(addr: Int64, value: Int32) -> None:
-    inline_ptx("st.global.u32 [{$r0}], {$r1};", read_only_args=[addr, value])
-
-
-def _st_global_f32(addr: Int64, offset: int, value: Float32) -> None:
-    inline_ptx(f"st.global.f32 [{{$r0}}+{offset}], {{$r1}};", read_only_args=[addr, value])
-
-
-def _ld_global_cg_f32(addr: Int64, offset: int):
-    """4-byte global load cached in L2 only (data another SM wrote during this kernel)."""
-    return inline_ptx(f"ld.global.cg.f32 {{$w0}}, [{{$r0}}+{offset}];",
-                      write_only_types=[Float32], read_only_args=[addr])
-
-
 def _lds_u16(addr: Int32, offset: int):
     return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
                       write_only_types=[Int32], read_only_args=[addr])
@@ -553,8 +534,7 @@ class W4A16StreamGemm(DirectLaunch):
             units = Int64(n_tiles * self.chunks) * Int64((num_rows + (cfg.block_m - 1))
                                                          // cfg.block_m)
             gdim, _, _ = cute.arch.grid_dim()
-            start = Int32(Int64(bidx) * units // Int64(gdim))
-            end = Int32(Int64(bidx + 1) * units // Int64(gdim))
+            start, end = streamk.span(units, bidx, gdim)
             sk = (tile_expert, tile_rows, units, gdim)
             done = Int32(0)
             if end > start:
@@ -677,51 +657,30 @@ class W4A16StreamGemm(DirectLaunch):
 
     @cute.jit
     def streamk_fixup(self, acc, lane, item_idx, sk):
-        """Warp 0 of a CTA holding a piece of ``item`` (fewer than all its K chunks; ``acc`` is
-        the CTA's sum over them): park it in the scratch, count it in the item's counter and, if
-        it is the last piece to arrive, sum all pieces in K order into ``acc``, reset the
-        counter and return 1 (the caller then writes the output); else return 0.
-
-        Pieces of item ``item_idx`` come from consecutive CTAs ``b_lo .. b_hi`` (the owners of
-        its first and last unit), in K order. CTA ``b`` keeps its piece in slot 1 of its two
-        scratch slots if ``b == b_lo`` (its last piece: the item begins in it), else in slot 0
-        (its first piece), so no two pieces share a slot. Each piece, the finisher's own
-        included, is read back from the scratch and added in CTA order: the sum does not depend
-        on which CTA finishes (bitwise reproducible)."""
+        """Warp 0 of a CTA holding a piece of ``item_idx`` (fewer than all its K chunks;
+        ``acc`` is the CTA's sum over them): park it, count it and, if it is the last piece to
+        arrive, sum all pieces in K order into ``acc``, reset the counter and return 1 (the
+        caller then writes the output); else return 0
+        (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
         counters, scratch, units, gdim = sk
         bidx, _, _ = cute.arch.block_idx()
         plen = self.cfg.partial_len
-        n_acc = plen // 32
-        first_unit = Int64(item_idx) * Int64(self.chunks)
-        # owner of unit p: the b with floor(b U / G) <= p < floor((b + 1) U / G)
-        b_lo = Int32(((first_unit + 1) * Int64(gdim) + units - 1) // units - 1)
-        b_hi = Int32(((first_unit + self.chunks) * Int64(gdim) + units - 1) // units - 1)
-        slot = Int32(0)
-        if bidx == b_lo:
-            slot = Int32(1)
+        b_lo, b_hi = streamk.item_owners(item_idx, self.chunks, units, gdim)
         base = scratch.iterator.toint()
-        mine = base + Int64(((bidx * 2 + slot) * plen + lane) * 4)
-        for j in cutlass.range_constexpr(n_acc):
-            _st_global_f32(mine, 128 * j, acc[j])
+        streamk.park(acc, base, bidx, b_lo, plen, lane, plen // 32, 32)
         cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_warp()
         counter = counters.iterator.toint() + Int64(item_idx) * Int64(4)
         old = Int32(0)
         if lane == 0:
-            old = _atom_add_u32(counter, 1)
+            old = streamk.atom_add_u32(counter, 1)
         old = cute.arch.shuffle_sync(old, 0)
         finished = Int32(0)
         if old == b_hi - b_lo:
             cute.arch.fence_acq_rel_gpu()
-            first = base + Int64(((b_lo * 2 + 1) * plen + lane) * 4)
-            for j in cutlass.range_constexpr(n_acc):
-                acc[j] = _ld_global_cg_f32(first, 128 * j)
-            for b in cutlass.range(b_lo + 1, b_hi + 1, unroll=1):
-                piece = base + Int64((b * 2 * plen + lane) * 4)
-                for j in cutlass.range_constexpr(n_acc):
-                    acc[j] = acc[j] + _ld_global_cg_f32(piece, 128 * j)
+            streamk.sum_pieces(acc, base, b_lo, b_hi, plen, lane, plen // 32, 32)
             if lane == 0:
-                _st_global_u32(counter, Int32(0))
+                streamk.st_global_u32(counter, Int32(0))
             finished = Int32(1)
         return finished
 
