@@ -53,6 +53,13 @@ WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in 
     (128, 4, 1, 8), (128, 2, 1, 8), (128, 2, 1, 5), (128, 2, 2, 8), (128, 1, 2, 8),
     (128, 1, 2, 4), (128, 1, 1, 4), (64, 1, 2, 8), (64, 2, 1, 4), (128, 3, 1, 8),
     (128, 3, 1, 6), (64, 3, 1, 8), (256, 2, 1, 6))}
+#: stream-K WGMMA tiles ``(block_m, row_wgs, stages, streamk CTAs per SM)`` (with ``--sweep
+#: wgmma`` at 64-256 tokens, ``--sweep small`` at 16-32)
+WGMMA_STREAMK = {f"wg {bm}:{r} st{st} sk{sk}": (bm, r, st, sk) for bm, r, st, sk in (
+    (128, 3, 6, 1), (128, 3, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1), (128, 1, 4, 2),
+    (128, 1, 4, 1), (256, 2, 6, 1), (64, 2, 4, 1), (64, 1, 4, 2),
+    (16, 1, 6, 2), (16, 1, 6, 3), (16, 1, 4, 3), (16, 1, 4, 4), (32, 1, 6, 2),
+    (32, 1, 4, 3))}
 #: ``--sweep small``: at 16-32-token tiles, ``mma.sync`` variants (``GemmConfig`` fields) and
 #: the small WGMMA tiles ``(row_wgs, split_k, stages)``, on wfrag + wperm weights
 MMA_SWEEP = {
@@ -120,9 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, bm, *t, wfrag=True, wperm=True)
                 for name, t in SMALL_WGMMA_SWEEP.items()})
+        if ("small" in args.sweep and bm in (16, 32)) or ("wgmma" in args.sweep
+                                                           and bm in (64, 128, 256)):
+            tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
+                n, k, "none", False, False, t[0], t[1], 1, t[2], wfrag=True, wperm=True,
+                streamk=t[3]) for name, t in WGMMA_STREAMK.items() if t[0] == bm})
         if "wgmma" in args.sweep and bm in (64, 128, 256):
             # unverified tiles too: the check below drops a wrong one
-            tries = {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
+            tries |= {name: lambda t=t: w4a16_wgmma.WgmmaConfig(
                 n, k, "none", False, False, *t, wfrag=True, wperm=True, allow_unverified=True)
                 for name, t in WGMMA_SWEEP.items()}
         for name, make in tries.items():

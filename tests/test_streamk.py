@@ -1,6 +1,7 @@
-"""Stream-K dense tiles (``StreamConfig.streamk``): the configs compile for sm_90a and refuse
-what they do not cover; on a GPU they equal the one-CTA-per-tile kernel up to fp32 summation
-order, bitwise reproducibly, and leave their tile counters at zero."""
+"""Stream-K dense tiles (``StreamConfig.streamk``, ``WgmmaConfig.streamk``): the configs
+compile for sm_90a and refuse what they do not cover; on a GPU they equal the
+one-CTA-per-tile kernel up to fp32 summation order, bitwise reproducibly, and leave their tile
+counters at zero."""
 
 from __future__ import annotations
 
@@ -56,10 +57,52 @@ GPU_CASES = [(7168, 18432, 1, 4), (7168, 18432, 7, 4), (18432, 7168, 1, 4), (102
              (1024, 18432, 16, 5), (256, 512, 2, 4), (4096, 4096, 5, 3)]
 
 
+#: WGMMA (N, K, M, block_m, row_wgs, stages, streamk): the issue's 128-token shapes (three and
+#: two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles (M = 199), and a
+#: narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k tiles)
+WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1),
+               (18432, 7168, 16, 16, 1, 6, 3), (7168, 18432, 29, 32, 1, 6, 2),
+               (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1)]
+
+
+def test_wgmma_streamk_config_compiles_and_errors():
+    from nvfp4_ops.kernels.cute import w4a16_wgmma as W
+
+    cfg = W.WgmmaConfig(18432, 7168, "none", False, False, 128, 3, 1, 6, wfrag=True,
+                        wperm=True, streamk=1)
+    assert cfg.name.endswith("_wp_wf_sk1_sm_90a")
+    assert cfg.partial_len == 3 * 64 * 128
+    assert cfg.streamk_units(199) == (96 * 2, 96 * 2 * 112)
+    assert callable(W.compile_gemm(cfg))
+    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
+        W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 2, streamk=1)
+    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
+        W.WgmmaConfig(4096, 4096, "swiglu", False, False, 128, 1, 1, streamk=1)
+    with pytest.raises(ValueError, match="streamk must be >= 0"):
+        W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
+
+
+def _stream_pair(n, k, m, sk, bias):
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    base = dataclasses.replace(_stream().choose_config(n, k, L.block_m_for_tokens(m),
+                                                       has_bias=bias),
+                               wfrag=True, wperm=True, release="fence")
+    return base, dataclasses.replace(base, streamk=sk)
+
+
+def _wgmma_pair(n, k, m, bm, r, st, sk, bias):
+    from nvfp4_ops.kernels.cute import w4a16_wgmma as W
+
+    base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, st, wfrag=True, wperm=True)
+    return base, dataclasses.replace(base, streamk=sk)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k,m,sk", GPU_CASES)
+@pytest.mark.parametrize("case", [("stream", c) for c in GPU_CASES]
+                         + [("wgmma", c) for c in WGMMA_CASES], ids=str)
 @pytest.mark.parametrize("bias", [False, True])
-def test_streamk_matches_tiles_on_gpu(n, k, m, sk, bias):
+def test_streamk_matches_tiles_on_gpu(case, bias):
     """Stream-K vs the same tile without it, on wfrag + wperm weights: within fp32-order noise
     (max abs diff <= 1e-2 of the output's max), every element written (NaN-poisoned output),
     two runs bitwise equal, and the counters back at zero."""
@@ -68,11 +111,12 @@ def test_streamk_matches_tiles_on_gpu(n, k, m, sk, bias):
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import wfrag, wperm
 
-    S = _stream()
-    bm = L.block_m_for_tokens(m)
-    base = dataclasses.replace(S.choose_config(n, k, bm, has_bias=bias), wfrag=True,
-                               wperm=True)
-    cfg = dataclasses.replace(base, streamk=sk)
+    family, params = case
+    n, k, m = params[:3]
+    if family == "stream":
+        base, cfg = _stream_pair(*params, bias)
+    else:
+        base, cfg = _wgmma_pair(*params, bias)
     gen = torch.Generator(device="cuda").manual_seed(n + m)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     w = wperm.to_wperm(wfrag.to_wfrag(w))

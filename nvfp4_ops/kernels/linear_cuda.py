@@ -475,13 +475,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def streamk_scratch(cfg, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(counters, scratch)`` for a dense stream-K config (``streamk`` CTAs per SM; the
-    streamed family's ``StreamConfig.streamk``): int32 zeros, one per work item (feature tile
-    x token tile), and int32 words for two fp32 partial sums per CTA, whose number the kernel
-    reads off the scratch's length: ``min(units, SMs * streamk)`` CTAs for ``units`` (item,
-    K chunk) pairs. Allocated per call (the counters' zeroing is a memset in a CUDA graph)."""
-    items = cfg.n_out // cfg.rows_out * -(-num_rows // cfg.block_m)
-    units = items * (cfg.k // cfg.kc)
+    """``(counters, scratch)`` for a dense stream-K config (``streamk`` CTAs per SM, either
+    family; :mod:`nvfp4_ops.kernels.cute.streamk`): int32 zeros, one per output tile, and
+    int32 words for two fp32 partial sums per CTA, whose number the kernel reads off the
+    scratch's length: ``min(units, SMs * streamk)`` CTAs for ``units`` (tile, K unit) pairs.
+    Allocated per call (the counters' zeroing is a memset node in a CUDA graph)."""
+    items, units = cfg.streamk_units(num_rows)
     ctas = min(units, _sm_count(device) * cfg.streamk)
     return (torch.zeros(items, dtype=torch.int32, device=device),
             torch.empty(ctas * 2 * cfg.partial_len, dtype=torch.int32, device=device))

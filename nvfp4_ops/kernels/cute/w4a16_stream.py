@@ -331,6 +331,12 @@ class StreamConfig(GemmProblem):
         """fp32 values of one stream-K partial sum (a CTA's accumulators, warp 0)."""
         return 4 * (self.block_m // 8) * (self.rows_phys // self.set_rows) * 32
 
+    def streamk_units(self, num_rows: int) -> tuple[int, int]:
+        """``(items, units)`` of a stream-K launch over ``num_rows`` tokens: work items
+        (feature tile x token tile) and (item, K chunk) pairs."""
+        items = self.n_out // self.rows_out * -(-num_rows // self.block_m)
+        return items, items * (self.k // self.kc)
+
 
 #: grouped gate/up problems with at most this many token tiles (static: the MoE's padded rows /
 #: 8; V4 decode T = 1 has 6) run persistent CTAs, :data:`PERSIST_CTAS` of them

@@ -97,6 +97,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from nvfp4_ops.kernels.cute import streamk
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_pair4,
     decode_word_pair4_2s,
@@ -178,6 +179,10 @@ class WgmmaConfig(GemmProblem):
     #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
     #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
     wfrag: bool = False
+    #: stream-K (dense ``none`` problems, ``split_k = 1``): ``streamk`` CTAs per SM split the
+    #: (output tile, k tile) units evenly (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA
+    #: per output tile)
+    streamk: int = 0
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -217,6 +222,12 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
         if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
+        if self.streamk < 0:
+            raise ValueError(f"streamk must be >= 0, got {self.streamk}")
+        if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
+                             or self.kperm or self.pdl):
+            raise ValueError("streamk is for dense 'none' problems (bias allowed) with "
+                             "split_k=1, without kperm or pdl")
 
     @property
     def consumers(self) -> int:
@@ -253,8 +264,20 @@ class WgmmaConfig(GemmProblem):
             f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
+            f"_{self.arch}"
         )
+
+    @property
+    def partial_len(self) -> int:
+        """fp32 values of one stream-K partial sum (all consumer warpgroups' accumulators)."""
+        return self.consumers * 64 * self.block_m
+
+    def streamk_units(self, num_rows: int) -> tuple[int, int]:
+        """``(items, units)`` of a stream-K launch over ``num_rows`` tokens: output tiles and
+        (tile, k tile) pairs."""
+        items = self.n_out // self.features_per_cta * -(-num_rows // self.block_m)
+        return items, items * (self.k // BLOCK_K)
 
 
 def supported(n_out: int, k: int) -> bool:
@@ -502,17 +525,35 @@ class W4A16WgmmaGemm:
                 cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128
             ]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class SharedStorageStreamK:
+            bars: cute.struct.MemRange[Int64, 2 * self.stages]
+            s_b: cute.struct.Align[
+                cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024
+            ]
+            s_w: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128
+            ]
+            flag: cute.struct.MemRange[Int32, 4]  # the fix-up's counter value, broadcast
+
+        self.shared_storage = SharedStorageStreamK if cfg.streamk else SharedStorage
         num_rows = a.shape[0]
         grid_n = cfg.n_out // cfg.features_per_cta
         grid_m = (num_rows + (bm - 1)) // bm
+        grid = [grid_n, grid_m, 1]
+        aux = row_scale
+        if const_expr(cfg.streamk > 0):
+            # counters in tile_expert, the scratch in tile_rows: as many CTAs as it has two
+            # partial slots for (nvfp4_ops.kernels.linear_cuda.streamk_scratch)
+            grid = [tile_rows.shape[0] // (2 * cfg.partial_len), 1, 1]
+            aux = tile_rows
         self.kernel(
-            tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, row_scale, bias,
+            tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, aux, bias,
             swiglu_limit, tiled_mma, b_layout, num_rows,
         ).launch(
-            grid=[grid_n, grid_m, 1],
+            grid=grid,
             block=[self.threads, 1, 1],
-            smem=self.smem_bytes(SharedStorage.size_in_bytes()),
+            smem=self.smem_bytes(self.shared_storage.size_in_bytes()),
             stream=stream,
             use_pdl=cfg.pdl,
         )
@@ -571,7 +612,21 @@ class W4A16WgmmaGemm:
                              stride=(BLOCK_K // 2, 1, 1024))
         )
 
-        if expert >= 0:
+        if const_expr(cfg.streamk > 0):
+            # tile_expert: the tile counters, row_scale: the scratch (stream-K's ``aux``)
+            if wg == cfg.consumers:
+                if const_expr(cfg.uses_setmaxnreg):
+                    cute.arch.setmaxregister_decrease(self.producer_regs)
+                if warp % 4 == 0:
+                    self.producer_streamk(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows)
+            else:
+                if const_expr(cfg.uses_setmaxnreg):
+                    cute.arch.setmaxregister_increase(self.consumer_regs)
+                flag = storage.flag.get_tensor(cute.make_layout(4))
+                self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
+                                      swiglu_limit, tile_expert, row_scale, flag, num_rows,
+                                      tidx, wg)
+        elif expert >= 0:
             if wg == cfg.consumers:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -642,6 +697,175 @@ class W4A16WgmmaGemm:
                           t_sw[(None, state.index * nb + i)], tma_bar_ptr=bar)
             pipe.producer_commit(state)
             state.advance()
+
+    def streamk_work(self, num_rows):
+        """Stream-K work of this CTA (plain Python, inlined while tracing): ``(start, end,
+        units, grid size, feature tiles)``, units ``[start, end)`` of the (output tile, k tile)
+        pairs (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
+        cfg = self.cfg
+        n_tiles = cfg.n_out // cfg.features_per_cta
+        units = Int64(n_tiles * self.k_tiles) * Int64((num_rows + (cfg.block_m - 1))
+                                                      // cfg.block_m)
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        start, end = streamk.span(units, bidx, gdim)
+        return start, end, units, gdim, n_tiles
+
+    @cute.jit
+    def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows):
+        """:meth:`producer` over this CTA's stream-K units: per output tile (feature tile
+        ``i % n_tiles``, token tile ``i // n_tiles``) its k tiles ``k0 .. k1 - 1``."""
+        nb = self.num_boxes
+        kt_n = self.k_tiles
+        g_b = cute.local_tile(m_b, (self.cfg.block_m, BLOCK_K), (None, None))
+        t_sb, t_gb = cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
+            cute.group_modes(g_b, 0, 2),
+        )
+        g_w = cute.local_tile(m_w, (32, BLOCK_K // 2), (None, None))
+        t_sw, t_gw = cpasync.tma_partition(
+            tma_w, 0, cute.make_layout(1), cute.group_modes(s_w, 0, 2),
+            cute.group_modes(g_w, 0, 2),
+        )
+        start, end, _, _, n_tiles = self.streamk_work(num_rows)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if end > start:
+            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
+                k0 = cutlass.max(start - i * kt_n, 0)
+                k1 = cutlass.min(end - i * kt_n, kt_n)
+                tm = i // n_tiles
+                tn = i - tm * n_tiles
+                for kt in cutlass.range(k0, k1, unroll=1):
+                    pipe.producer_acquire(state)
+                    bar = pipe.producer_get_barrier(state)
+                    cute.copy(tma_b, t_gb[(None, tm, kt)], t_sb[(None, state.index)],
+                              tma_bar_ptr=bar)
+                    for b in cutlass.range_constexpr(nb):
+                        cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
+                                  t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
+                    pipe.producer_commit(state)
+                    state.advance()
+
+    @cute.jit
+    def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
+                         swiglu_limit, counters, scratch, flag, num_rows, tidx, wg):
+        """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
+        output tile, its k tiles ``k0 .. k1 - 1`` into zeroed accumulators, then the output
+        (a whole tile) or :meth:`streamk_fixup`. The ring runs on across tiles: a tile's
+        last stage is released by the next tile's first k tile."""
+        cfg = self.cfg
+        nb = self.num_boxes
+        kt_n = self.k_tiles
+        lt = tidx % 128
+        wq = lt // 32
+        lane = lt % 32
+        grp = lane // 4
+        quad = lane % 4
+        sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
+        rb = BLOCK_K // 2
+        w_smem = s_w.iterator.toint()
+        off_lo = (2 * wg + wq // 2) * 1024 + (16 * (wq % 2) + grp) * rb
+        off_hi = off_lo + 8 * rb
+        if const_expr(cfg.wfrag):
+            off_lo = off_lo + 4 * quad
+            off_hi = off_hi + 4 * quad
+        stage_bytes_w = nb * 1024
+        kb16 = cfg.k // 16
+        s_base = w_scale.iterator.toint()
+
+        thr_mma = tiled_mma.get_slice(lt)
+        t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
+        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, cfg.block_m)), Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        a_shape = tiled_mma.partition_shape_A((64, 16))
+        frags = []
+        for _ in cutlass.range_constexpr(4):
+            frags.append(cute.make_rmem_tensor(a_shape, BFloat16))
+        raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
+        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+
+        start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        seen = Int32(0)  # k tiles consumed so far (the first has no previous stage to free)
+        if end > start:
+            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
+                k0 = cutlass.max(start - i * kt_n, 0)
+                k1 = cutlass.min(end - i * kt_n, kt_n)
+                tm = i // n_tiles
+                row_lo = (i - tm * n_tiles) * cfg.features_per_cta + 64 * wg + 16 * wq + grp
+                row_hi = row_lo + 8
+                s_lo = s_base + Int64(row_lo) * Int64(kb16)
+                s_hi = s_base + Int64(row_hi) * Int64(kb16)
+                acc.fill(0.0)
+                sc[0] = _ldg_u32(s_lo + Int64(k0 * 4))
+                sc[1] = _ldg_u32(s_hi + Int64(k0 * 4))
+                pipe.consumer_wait(state)
+                self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
+                                sc[0], sc[1], 0, sel)
+                for kt in cutlass.range(k0, k1, unroll=1):
+                    nxt = cutlass.min(kt + 1, kt_n - 1)
+                    sc[2] = _ldg_u32(s_lo + Int64(nxt * 4))
+                    sc[3] = _ldg_u32(s_hi + Int64(nxt * 4))
+                    # :meth:`tile` with a dynamic first / last k tile
+                    idx = state.index
+                    stage_w = w_smem + idx * stage_bytes_w
+                    self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0)
+                    self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel)
+                    warpgroup.wait_group(1)
+                    if seen > 0:
+                        pipe.consumer_release(rel)
+                        rel.advance()
+                    self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 1)
+                    state.advance()
+                    if kt + 1 < k1:
+                        pipe.consumer_wait(state)
+                        self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo,
+                                        off_hi, sc[2], sc[3], 0, sel)
+                    warpgroup.wait_group(1)
+                    seen = seen + 1
+                    sc[0] = sc[2]
+                    sc[1] = sc[3]
+                warpgroup.wait_group(0)
+                finished = Int32(1)
+                if k1 - k0 != kt_n:
+                    finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
+                                                  tidx, wg)
+                if finished != 0:
+                    self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
+                                  num_rows, row_lo, row_hi, quad)
+
+    @cute.jit
+    def streamk_fixup(self, acc, item, counters, scratch, flag, units, gdim, tidx, wg):
+        """All consumer threads of a CTA holding a piece of output tile ``item`` (fewer than all
+        its k tiles): park it, count it (thread 0, the count broadcast through ``flag``) and, if
+        it is the last piece to arrive, sum all pieces in K order into ``acc``, reset the
+        counter and return 1 (the caller then writes the output); else return 0
+        (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
+        cfg = self.cfg
+        bidx, _, _ = cute.arch.block_idx()
+        nthreads = 128 * cfg.consumers
+        n_acc = cute.size(acc)
+        plen = cfg.partial_len
+        off = wg * 128 * n_acc + tidx % 128
+        b_lo, b_hi = streamk.item_owners(item, self.k_tiles, units, gdim)
+        base = scratch.iterator.toint()
+        streamk.park(acc, base, bidx, b_lo, plen, off, n_acc, 128)
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
+        counter = counters.iterator.toint() + Int64(item) * Int64(4)
+        if tidx == 0:
+            flag[0] = streamk.atom_add_u32(counter, 1)
+        cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
+        finished = Int32(0)
+        if flag[0] == b_hi - b_lo:
+            cute.arch.fence_acq_rel_gpu()
+            streamk.sum_pieces(acc, base, b_lo, b_hi, plen, off, n_acc, 128)
+            if tidx == 0:
+                streamk.st_global_u32(counter, Int32(0))
+            finished = Int32(1)
+        return finished
 
     @cute.jit
     def consumer(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale, bias,
