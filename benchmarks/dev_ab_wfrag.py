@@ -43,9 +43,6 @@ STREAM_SWEEP = {
     "wk8 u1 st6": dict(warps_k=8, steps=1, stages=6), "wk2 u4": dict(warps_k=2, steps=4),
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
-    "sk2": dict(streamk=2), "sk3": dict(streamk=3), "sk4": dict(streamk=4),
-    "sk5": dict(streamk=5), "sk6 st3": dict(streamk=6, stages=3),
-    "sk4 wk8 u1": dict(streamk=4, warps_k=8, steps=1), "sk8 rows8": dict(streamk=8, rows8=True),
 }
 #: ``--sweep wgmma``: WGMMA tiles ``(block_m, row_wgs, split_k, stages)`` on wfrag + wperm
 #: weights, timed at 64-128-token problems (the tiles of fewer stages let 2-3 CTAs share an SM)

@@ -1,7 +1,6 @@
-"""Stream-K dense tiles (``StreamConfig.streamk``, ``WgmmaConfig.streamk``): the configs
-compile for sm_90a and refuse what they do not cover; on a GPU they equal the
-one-CTA-per-tile kernel up to fp32 summation order, bitwise reproducibly, and leave their tile
-counters at zero."""
+"""Stream-K dense WGMMA tiles (``WgmmaConfig.streamk``): the configs compile for sm_90a and
+refuse what they do not cover; on a GPU they equal the one-CTA-per-tile kernel up to fp32
+summation order, bitwise reproducibly, and leave their tile counters at zero."""
 
 from __future__ import annotations
 
@@ -12,49 +11,6 @@ import pytest
 import torch
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
-
-def _stream():
-    from nvfp4_ops import _compile
-
-    _compile.ensure_cutlass_env()
-    from nvfp4_ops.kernels.cute import w4a16_stream
-
-    return w4a16_stream
-
-
-def _config(n: int, k: int, block_m: int = 8, streamk: int = 4, **kw):
-    S = _stream()
-    return dataclasses.replace(S.choose_config(n, k, block_m), wfrag=True, wperm=True,
-                               streamk=streamk, **kw)
-
-
-def test_streamk_config_compiles():
-    S = _stream()
-    cfg = _config(7168, 18432)
-    assert cfg.name.endswith("_wp_wf_sk4_sm_90a")
-    assert cfg.partial_len == 4 * 32  # 16 rows x 8 tokens per CTA, fp32
-    assert callable(S.compile_gemm(cfg))
-
-
-def test_streamk_config_errors():
-    S = _stream()
-    base = S.choose_config(4096, 4096, 8)
-    with pytest.raises(ValueError, match="streamk must be >= 0"):
-        dataclasses.replace(base, streamk=-1)
-    for kw in (dict(grouped=True), dict(ctas=132), dict(release="lag")):
-        with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
-            dataclasses.replace(base, streamk=2, **kw)
-    swiglu = S.choose_config(4096, 4096, 8, "swiglu")
-    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
-        dataclasses.replace(swiglu, streamk=2)
-
-
-#: (N, K, M, streamk): the issue's shapes at decode sizes; a narrow layer whose items each split
-#: over ~9 CTAs (1024 x 18432: 64 items x 18 chunks on 528 CTAs); more CTAs than units
-#: (256 x 512: 16 one-chunk items, so every piece is a whole item)
-GPU_CASES = [(7168, 18432, 1, 4), (7168, 18432, 7, 4), (18432, 7168, 1, 4), (1024, 18432, 3, 4),
-             (1024, 18432, 16, 5), (256, 512, 2, 4), (4096, 4096, 5, 3)]
 
 
 #: WGMMA (N, K, M, block_m, row_wgs, stages, streamk): the issue's 128-token shapes (three and
@@ -82,15 +38,6 @@ def test_wgmma_streamk_config_compiles_and_errors():
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
 
 
-def _stream_pair(n, k, m, sk, bias):
-    from nvfp4_ops.kernels import linear_cuda as L
-
-    base = dataclasses.replace(_stream().choose_config(n, k, L.block_m_for_tokens(m),
-                                                       has_bias=bias),
-                               wfrag=True, wperm=True, release="fence")
-    return base, dataclasses.replace(base, streamk=sk)
-
-
 def _wgmma_pair(n, k, m, bm, r, st, sk, bias):
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
@@ -99,8 +46,7 @@ def _wgmma_pair(n, k, m, bm, r, st, sk, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [("stream", c) for c in GPU_CASES]
-                         + [("wgmma", c) for c in WGMMA_CASES], ids=str)
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=str)
 @pytest.mark.parametrize("bias", [False, True])
 def test_streamk_matches_tiles_on_gpu(case, bias):
     """Stream-K vs the same tile without it, on wfrag + wperm weights: within fp32-order noise
@@ -111,12 +57,8 @@ def test_streamk_matches_tiles_on_gpu(case, bias):
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels import wfrag, wperm
 
-    family, params = case
-    n, k, m = params[:3]
-    if family == "stream":
-        base, cfg = _stream_pair(*params, bias)
-    else:
-        base, cfg = _wgmma_pair(*params, bias)
+    n, k, m = case[:3]
+    base, cfg = _wgmma_pair(*case, bias)
     gen = torch.Generator(device="cuda").manual_seed(n + m)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     w = wperm.to_wperm(wfrag.to_wfrag(w))

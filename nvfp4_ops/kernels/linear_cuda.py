@@ -475,8 +475,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 def streamk_scratch(cfg, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(counters, scratch)`` for a dense stream-K config (``streamk`` CTAs per SM, either
-    family; :mod:`nvfp4_ops.kernels.cute.streamk`): int32 zeros, one per output tile, and
+    """``(counters, scratch)`` for a dense stream-K WGMMA config (``WgmmaConfig.streamk`` CTAs
+    per SM; :mod:`nvfp4_ops.kernels.cute.streamk`): int32 zeros, one per output tile, and
     int32 words for two fp32 partial sums per CTA, whose number the kernel reads off the
     scratch's length: ``min(units, SMs * streamk)`` CTAs for ``units`` (tile, K unit) pairs.
     Allocated per call (the counters' zeroing is a memset node in a CUDA graph)."""

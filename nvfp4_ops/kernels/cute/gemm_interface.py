@@ -137,10 +137,9 @@ class DirectLaunch:
     launch (its kernel must then call ``griddepcontrol.wait`` before reading what the previous
     kernel wrote)."""
 
-    def grid(self, grid_n, grid_m, tile_rows):
+    def grid(self, grid_n, grid_m):
         """Launch grid for ``grid_n`` feature tiles x ``grid_m`` token tiles (plain Python,
-        inlined while tracing; ``grid_m`` is symbolic). ``tile_rows``: that argument (a dense
-        stream-K kernel sizes its grid from its length)."""
+        inlined while tracing; ``grid_m`` is symbolic)."""
         return [grid_n, grid_m, 1]
 
     @cute.jit
@@ -165,7 +164,7 @@ class DirectLaunch:
         kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
                              swiglu_limit)
         kernel.launch(
-            grid=self.grid(grid_n, grid_m, tile_rows),
+            grid=self.grid(grid_n, grid_m),
             block=[self.threads, 1, 1],
             smem=self.launch_smem,
             stream=stream,

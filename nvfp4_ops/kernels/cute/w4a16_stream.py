@@ -132,7 +132,6 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
 
-from nvfp4_ops.kernels.cute import streamk
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_reg_pair4,
     decode_reg_wperm,
@@ -225,20 +224,10 @@ class StreamConfig(GemmProblem):
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
     wfrag: bool = False
-    #: stream-K (dense ``none`` problems only; module docstring, "Stream-K"): ``streamk`` CTAs
-    #: per SM split the (feature tile, token tile, K chunk) space evenly, a tile's pieces
-    #: summed in K order by the CTA that finishes it last (0 = one CTA per tile)
-    streamk: int = 0
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         self.check_problem()
-        if self.streamk < 0:
-            raise ValueError(f"streamk must be >= 0, got {self.streamk}")
-        if self.streamk and (self.grouped or self.epilogue != "none" or self.ctas
-                             or self.release != "fence" or self.kperm or self.pdl):
-            raise ValueError("streamk is for dense 'none' problems (bias allowed) with "
-                             "release='fence', without ctas, kperm or pdl")
         if self.kperm and not self.grouped:
             raise ValueError("kperm (pair-order activations) is for grouped problems only")
         if self.wfrag and self.kperm:
@@ -322,20 +311,8 @@ class StreamConfig(GemmProblem):
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
-            f"_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}_{self.arch}"
         )
-
-    @property
-    def partial_len(self) -> int:
-        """fp32 values of one stream-K partial sum (a CTA's accumulators, warp 0)."""
-        return 4 * (self.block_m // 8) * (self.rows_phys // self.set_rows) * 32
-
-    def streamk_units(self, num_rows: int) -> tuple[int, int]:
-        """``(items, units)`` of a stream-K launch over ``num_rows`` tokens: work items
-        (feature tile x token tile) and (item, K chunk) pairs."""
-        items = self.n_out // self.rows_out * -(-num_rows // self.block_m)
-        return items, items * (self.k // self.kc)
 
 
 #: grouped gate/up problems with at most this many token tiles (static: the MoE's padded rows /
@@ -497,11 +474,8 @@ class W4A16StreamGemm(DirectLaunch):
         self.threads = 32 * (cfg.warps_k + 1)
         self.launch_smem = cfg.smem_bytes
 
-    def grid(self, grid_n, grid_m, tile_rows):
-        """One CTA per (feature tile, token tile), at most ``ctas`` persistent CTAs, or with
-        ``streamk`` as many CTAs as the scratch (``tile_rows``) has two partial slots for."""
-        if const_expr(self.cfg.streamk > 0):
-            return [tile_rows.shape[0] // (2 * self.cfg.partial_len), 1, 1]
+    def grid(self, grid_n, grid_m):
+        """One CTA per (feature tile, token tile), or at most ``ctas`` persistent CTAs."""
         if const_expr(self.cfg.ctas == 0):
             return [grid_n, grid_m, 1]
         return [cutlass.min(grid_n * grid_m, self.cfg.ctas), 1, 1]
@@ -532,34 +506,13 @@ class W4A16StreamGemm(DirectLaunch):
         acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
         io = (a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc)
 
-        if const_expr(cfg.streamk > 0):
-            # stream-K: this CTA's share [start, end) of the (work item, K chunk) units, item i
-            # = (feature tile i % n_tiles, token tile i // n_tiles), its chunks in K order
-            self.init_barriers(tidx, sbase)
-            n_tiles = cfg.n_out // cfg.rows_out
-            units = Int64(n_tiles * self.chunks) * Int64((num_rows + (cfg.block_m - 1))
-                                                         // cfg.block_m)
-            gdim, _, _ = cute.arch.grid_dim()
-            start, end = streamk.span(units, bidx, gdim)
-            sk = (tile_expert, tile_rows, units, gdim)
-            done = Int32(0)
-            if end > start:
-                for i in cutlass.range(start // self.chunks, (end - 1) // self.chunks + 1,
-                                       unroll=1):
-                    c0 = cutlass.max(start - i * self.chunks, 0)
-                    c1 = cutlass.min(end - i * self.chunks, self.chunks)
-                    ty = i // n_tiles
-                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, Int32(0), done, c0, c1,
-                              sk, i)
-                    done = done + (c1 - c0)
-            self.finish(tidx, sbase)
-        elif const_expr(cfg.ctas == 0):
+        if const_expr(cfg.ctas == 0):
             expert = Int32(0)
             if const_expr(cfg.grouped):
                 expert = tile_expert[bidy]
             if expert >= 0:
                 self.init_barriers(tidx, sbase)
-                self.item(io, tidx, sbase, bidx, bidy, expert, 0, 0, self.chunks)
+                self.item(io, tidx, sbase, bidx, bidy, expert, 0)
                 self.finish(tidx, sbase)
             elif const_expr(cfg.pdl):
                 # this kernel must not complete before the previous one ("Launch overlap")
@@ -579,8 +532,7 @@ class W4A16StreamGemm(DirectLaunch):
                 if const_expr(cfg.grouped):
                     expert = tile_expert[ty]
                 if expert >= 0:
-                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, done, 0,
-                              self.chunks)
+                    self.item(io, tidx, sbase, i - ty * n_tiles, ty, expert, done)
                     done = done + self.chunks
             if const_expr(cfg.pdl):
                 if bidx == 0:  # as above, for a CTA that got no real item
@@ -607,13 +559,11 @@ class W4A16StreamGemm(DirectLaunch):
                     _mbar_inval(sbase + 64 + 8 * s)
 
     @cute.jit
-    def item(self, io, tidx, sbase, tile_n, tile_m, expert, done, c0, c1, sk=None,
-             item_idx=None):
+    def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
         """One work item: feature tile ``tile_n`` x token tile ``tile_m`` of group ``expert``
         (grouped: its first ``tile_rows[tile_m]`` rows are real tokens, module docstring,
-        "Padding rows"); its K chunks ``c0 .. c1 - 1`` are pipeline chunks ``done ..`` of this
-        CTA. ``sk`` (stream-K): ``(counters, scratch, units, grid size)`` and the item's index
-        ``item_idx``; a piece of fewer than all chunks goes through :meth:`streamk_fixup`."""
+        "Padding rows"); its K chunks are pipeline chunks ``done .. done + chunks - 1`` of this
+        CTA."""
         cfg = self.cfg
         a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc = io
         warp = tidx // 32
@@ -623,7 +573,7 @@ class W4A16StreamGemm(DirectLaunch):
         row0 = tile_n * cfg.rows_out
         m0 = tile_m * cfg.block_m
         if warp == cfg.warps_k:
-            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done, c0, c1)
+            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
             if const_expr(cfg.pdl):
                 # the activations, tile_rows and row scales come from earlier kernels
@@ -634,8 +584,7 @@ class W4A16StreamGemm(DirectLaunch):
             if const_expr(cfg.grouped):
                 real = tile_rows[tile_m]
             acc.fill(0.0)
-            self.consumer(acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done,
-                          c0, c1)
+            self.consumer(acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done)
             # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in
             # order (named barrier: the producer warp does not wait, it streams the next item)
             if const_expr(cfg.warps_k > 1):
@@ -649,51 +598,17 @@ class W4A16StreamGemm(DirectLaunch):
                         slot = q * 32 + lane
                         for j in cutlass.range_constexpr(self.acc_len):
                             acc[j] = acc[j] + red[j * (cfg.warps_k - 1) * 32 + slot]
-                if const_expr(cfg.ctas > 0 or cfg.streamk > 0):
+                if const_expr(cfg.ctas > 0):
                     # the next item's partial sums must not overwrite these before they are read
                     cute.arch.barrier(barrier_id=1, number_of_threads=32 * cfg.warps_k)
             if warp == 0:
-                finished = Int32(1)
-                if const_expr(cfg.streamk > 0):
-                    if c1 - c0 != self.chunks:
-                        finished = self.streamk_fixup(acc, lane, item_idx, sk)
-                if finished != 0:
-                    self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert,
-                                  row0, m0, lane // 4, lane % 4, num_rows)
+                self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
+                              m0, lane // 4, lane % 4, num_rows)
 
     @cute.jit
-    def streamk_fixup(self, acc, lane, item_idx, sk):
-        """Warp 0 of a CTA holding a piece of ``item_idx`` (fewer than all its K chunks;
-        ``acc`` is the CTA's sum over them): park it, count it and, if it is the last piece to
-        arrive, sum all pieces in K order into ``acc``, reset the counter and return 1 (the
-        caller then writes the output); else return 0
-        (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
-        counters, scratch, units, gdim = sk
-        bidx, _, _ = cute.arch.block_idx()
-        plen = self.cfg.partial_len
-        b_lo, b_hi = streamk.item_owners(item_idx, self.chunks, units, gdim)
-        base = scratch.iterator.toint()
-        streamk.park(acc, base, bidx, b_lo, plen, lane, plen // 32, 32)
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_warp()
-        counter = counters.iterator.toint() + Int64(item_idx) * Int64(4)
-        old = Int32(0)
-        if lane == 0:
-            old = streamk.atom_add_u32(counter, 1)
-        old = cute.arch.shuffle_sync(old, 0)
-        finished = Int32(0)
-        if old == b_hi - b_lo:
-            cute.arch.fence_acq_rel_gpu()
-            streamk.sum_pieces(acc, base, b_lo, b_hi, plen, lane, plen // 32, 32)
-            if lane == 0:
-                streamk.st_global_u32(counter, Int32(0))
-            finished = Int32(1)
-        return finished
-
-    @cute.jit
-    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done, c0, c1):
+    def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done):
         """Lane r streams weight row r of the CTA (rows r and r + 32 when there are 64); K chunk
-        ``c`` (``c0 <= c < c1``) is pipeline chunk ``done + c - c0`` (stage and phase)."""
+        ``c`` is pipeline chunk ``done + c`` (stage and phase)."""
         cfg = self.cfg
         n_static = cfg.n
         k_static = cfg.k
@@ -716,8 +631,8 @@ class W4A16StreamGemm(DirectLaunch):
             srcs_s.append(s_base + Int64(grow) * Int64(k_static // 16))
             dsts_w.append(stage0 + r * cfg.w_stride)
             dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
-        for c in cutlass.range(c0, c1, unroll=1):
-            g = done + (c - c0)
+        for c in cutlass.range(self.chunks, unroll=1):
+            g = done + c
             s = g % cfg.stages
             if g >= cfg.stages:
                 _mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
@@ -732,8 +647,7 @@ class W4A16StreamGemm(DirectLaunch):
                               full)
 
     @cute.jit
-    def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done, c0,
-                 c1):
+    def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
         cfg = self.cfg
         k_static = cfg.k
         grp = lane // 4
@@ -756,14 +670,14 @@ class W4A16StreamGemm(DirectLaunch):
                                 num_rows - 1)
             a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2)
                               + Int64(quad * 64 + warp * 256))
-        for c in cutlass.range(c0, c1, unroll=1):
-            g = done + (c - c0)
+        for c in cutlass.range(self.chunks, unroll=1):
+            g = done + c
             s = g % cfg.stages
             _mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
             if const_expr(cfg.release == "lag"):
                 # free the previous chunk's stage only now: its shared loads have certainly
                 # been consumed by the MMAs of the previous iteration
-                if c > c0:
+                if c > 0:
                     _mbar_arrive(sbase + 64 + 8 * ((g + cfg.stages - 1) % cfg.stages))
             off = s * cfg.stage_bytes
             lw = lane_w + off
