@@ -750,9 +750,10 @@ class W4A16WgmmaGemm:
     def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
                          swiglu_limit, counters, scratch, flag, num_rows, tidx, wg):
         """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
-        output tile, its k tiles ``k0 .. k1 - 1`` into zeroed accumulators, then the output
-        (a whole tile) or :meth:`streamk_fixup`. The ring runs on across tiles: a tile's
-        last stage is released by the next tile's first k tile."""
+        output tile, its k tiles ``k0 .. k1 - 1`` into zeroed accumulators through
+        :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
+        :meth:`streamk_fixup`. The ring runs on across tiles; a tile's last stage is released
+        once its WGMMAs have retired."""
         cfg = self.cfg
         nb = self.num_boxes
         kt_n = self.k_tiles
@@ -788,7 +789,8 @@ class W4A16WgmmaGemm:
         start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        seen = Int32(0)  # k tiles consumed so far (the first has no previous stage to free)
+        tile_args = (tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem, stage_bytes_w, off_lo,
+                     off_hi, sel)
         if end > start:
             for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
                 k0 = cutlass.max(start - i * kt_n, 0)
@@ -804,30 +806,27 @@ class W4A16WgmmaGemm:
                 pipe.consumer_wait(state)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
-                for kt in cutlass.range(k0, k1, unroll=1):
-                    nxt = cutlass.min(kt + 1, kt_n - 1)
-                    sc[2] = _ldg_u32(s_lo + Int64(nxt * 4))
-                    sc[3] = _ldg_u32(s_hi + Int64(nxt * 4))
-                    # :meth:`tile` with a dynamic first / last k tile
-                    idx = state.index
-                    stage_w = w_smem + idx * stage_bytes_w
-                    self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0)
-                    self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel)
-                    warpgroup.wait_group(1)
-                    if seen > 0:
-                        pipe.consumer_release(rel)
-                        rel.advance()
-                    self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 1)
-                    state.advance()
-                    if kt + 1 < k1:
-                        pipe.consumer_wait(state)
-                        self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo,
-                                        off_hi, sc[2], sc[3], 0, sel)
-                    warpgroup.wait_group(1)
-                    seen = seen + 1
+                # the k tiles as in :meth:`consumer`: first, middle, last (or a single one)
+                if k1 - k0 == 1:
+                    state, rel = self.tile(pipe, state, rel, *tile_args, True, True)
+                else:
+                    sc[2] = _ldg_u32(s_lo + Int64((k0 + 1) * 4))
+                    sc[3] = _ldg_u32(s_hi + Int64((k0 + 1) * 4))
+                    state, rel = self.tile(pipe, state, rel, *tile_args, True, False)
+                    for kt in cutlass.range(k0 + 1, k1 - 1, unroll=1):
+                        sc[0] = sc[2]
+                        sc[1] = sc[3]
+                        sc[2] = _ldg_u32(s_lo + Int64((kt + 1) * 4))
+                        sc[3] = _ldg_u32(s_hi + Int64((kt + 1) * 4))
+                        state, rel = self.tile(pipe, state, rel, *tile_args, False, False)
                     sc[0] = sc[2]
                     sc[1] = sc[3]
+                    state, rel = self.tile(pipe, state, rel, *tile_args, False, True)
                 warpgroup.wait_group(0)
+                # every WGMMA of the tile has retired: free its last stage now (the next tile's
+                # first k tile frees nothing, as in :meth:`tile`)
+                pipe.consumer_release(rel)
+                rel.advance()
                 finished = Int32(1)
                 if k1 - k0 != kt_n:
                     finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
