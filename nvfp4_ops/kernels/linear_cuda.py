@@ -108,7 +108,8 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
     if wfrag:
         if kperm:
             raise ValueError("wfrag weights are read with natural activations, not kperm")
-        cfg = _wfrag_small_tile(cfg) or dataclasses.replace(cfg, wfrag=True)
+        cfg = (_streamk_tile(cfg, m_tiles) or _wfrag_small_tile(cfg)
+               or dataclasses.replace(cfg, wfrag=True))
     if wperm:
         if not reads_wperm(cfg):
             raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
@@ -121,6 +122,48 @@ def config_family(cfg) -> str:
     """The kernel family (module name under ``kernels/cute``) a config of any family belongs to:
     ``w4a16_stream``, ``w4a16_gemm`` or ``w4a16_wgmma``."""
     return type(cfg).__module__.rsplit(".", 1)[1]
+
+
+#: stream-K WGMMA tiles for dense problems on ``wfrag`` weights (:func:`_streamk_tile`):
+#: ``block_m -> (row_wgs, stages, CTAs per SM)``
+STREAMK_TILES = {16: (1, 4, 3), 32: (1, 4, 3), 128: (2, 8, 1)}
+#: stream-K is used when every CTA gets at least this many 64-k tiles (the fix-up of partial
+#: tiles is then a small part of its work; both shapes measured have 81-122)
+STREAMK_MIN_K_TILES = 64
+
+
+def _streamk_tile(cfg, m_tiles: int | None):
+    """The stream-K WGMMA tile (``WgmmaConfig.streamk``: every SM gets the same share of the
+    (output tile, k tile) units) for a dense ``none`` problem (bias allowed) on ``wfrag``
+    weights at 16 / 32 tokens (in place of ``mma.sync``) or 128 tokens with at most two token
+    tiles, when each CTA gets >= :data:`STREAMK_MIN_K_TILES` k tiles; else None.
+
+    H200, median µs on wfrag + wperm weights (benchmarks/results/h200_2026-12-01_s9/, the
+    ``dev_streamk_grid`` runs after the loop fix, ``sk_wgmma`` for M = 32 / 199 before it):
+    * M = 128, two row warpgroups, 8 stages, 132 CTAs: (18432, 7168) 66.3 vs 73.3 for three
+      row warpgroups (96 CTAs, the previous choice); (7168, 18432) 67.7 vs 76.3 for ``r1 s2``;
+    * M = 16, one row warpgroup, 4 stages, 396 CTAs: (7168, 18432) 42.6 vs 42.0 for
+      ``mma.sync``; (18432, 7168) 43.1 vs 49.3 for the 6-stage one-tile-per-CTA WGMMA tile;
+    * M = 32 (before the loop fix): 52.0 vs 75.0 (``mma.sync``) and 50.7 vs 52.2;
+    * M = 199 (before the loop fix): 127.7 vs 141.1 (r3) at (18432, 7168), 125.4 vs 119.4
+      (``r2 s2``) at (7168, 18432).
+    """
+    if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
+        return None
+    family = config_family(cfg)
+    if not ((family == _MMA and cfg.block_m in (16, 32))
+            or (family == _WGMMA and cfg.block_m == 128 and m_tiles <= 2)):
+        return None
+    wg = _kernel_module(_WGMMA)
+    row_wgs, stages, per_sm = STREAMK_TILES[cfg.block_m]
+    if cfg.n % (64 * row_wgs) != 0 or not wg.supported(cfg.n, cfg.k):
+        return None
+    tile = wg.WgmmaConfig(cfg.n, cfg.k, "none", cfg.has_bias, False, cfg.block_m, row_wgs, 1,
+                          stages, wfrag=True, streamk=per_sm)
+    _, units = tile.streamk_units(m_tiles * cfg.block_m)
+    if units < STREAMK_MIN_K_TILES * wg.NUM_SMS * per_sm:
+        return None
+    return tile
 
 
 def _wfrag_small_tile(cfg):

@@ -1,17 +1,20 @@
-"""Stream-K for the dense W4A16 kernels (``StreamConfig.streamk``, ``WgmmaConfig.streamk``):
-the pieces both families share. CuTeDSL, inlined while a kernel is traced.
+"""Stream-K for the dense WGMMA kernel (``WgmmaConfig.streamk``): the work split and the
+fix-up of partial tiles. CuTeDSL, inlined while a kernel is traced.
 
-Why: a dense layer has few output tiles for the SMs. At M = 1, (7168, 18432) has 448 16-row
-tiles for 132 SMs (3-4 per SM), and at M = 128, (18432, 7168) has 96 192-row tiles (36 SMs idle).
-Splitting the K loop of every tile evenly over the CTAs gives each SM the same work.
+Why: a dense layer has few output tiles for the SMs. At M = 128, (18432, 7168) has 96 tiles of
+three row warpgroups (36 of 132 SMs idle) or 144 of two (two waves); at 16 tokens,
+(7168, 18432) has 112 one-warpgroup tiles. Splitting the K loop of every tile evenly over the
+CTAs gives each SM the same work (H200 numbers: ``linear_cuda._streamk_tile``). The streamed
+(M <= 8) kernel gained nothing from it (benchmarks/results/h200_2026-12-01_s9/sk_stream/).
 
 Work split. An output tile ("item": feature tile x token tile, item ``i`` = feature tile
-``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (the kernel's pipeline chunks
-or k tiles). The ``units = items * U`` pairs (item, unit), item-major, are cut into ``G``
-contiguous ranges (``G`` = the grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1)
-units / G))`` (:func:`span`), item after item, each with one pipeline that runs on across them.
-A CTA therefore holds a *piece* of at most two items that it does not finish alone: the first
-(the item began in an earlier CTA) and the last (it goes on in later ones).
+``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (64-k tiles). The ``units =
+items * U`` pairs (item, unit), item-major, are cut into ``G`` contiguous ranges (``G`` = the
+grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1) units / G))`` (:func:`span`), item
+after item, with one pipeline that runs on across them.
+Besides whole items, a CTA therefore holds a *piece* of at most two items that it does not
+finish alone: its first (the item began in an earlier CTA) and its last (it goes on in later
+ones).
 
 Fix-up (deterministic, no waiting). Every piece of an unfinished item is parked in the
 scratch, then counted in the item's counter (an atomic add after a GPU-scope fence). The CTA

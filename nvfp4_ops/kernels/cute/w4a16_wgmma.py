@@ -62,6 +62,13 @@ the WGMMAs that read it have retired (one chunk later). ``split_k`` warpgroups o
 take turns on the k tiles and are summed through shared memory in slice order (deterministic;
 the tiles of :data:`VERIFIED_MULTI` ran exact on H200).
 
+Stream-K (``streamk``: dense ``none``, no split-K): ``streamk`` CTAs per SM (the grid is read
+off the scratch's length) each take an even share of the (output tile, k tile) units and run
+them through the same ring and :meth:`W4A16WgmmaGemm.tile` loop, tile after tile; partial tiles
+are summed in K order by the CTA that completes them (:mod:`nvfp4_ops.kernels.cute.streamk`).
+The counters and scratch come in the ``tile_expert`` / ``tile_rows`` arguments, which a dense
+call otherwise leaves as dummies (``linear_cuda.streamk_scratch``).
+
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
 ``setmaxnreg`` inside the CTA's launch allocation (168 per lane at 384 threads: 40 / 232; 96
