@@ -135,18 +135,20 @@ STREAMK_MIN_K_TILES = 64
 def _streamk_tile(cfg, m_tiles: int | None):
     """The stream-K WGMMA tile (``WgmmaConfig.streamk``: every SM gets the same share of the
     (output tile, k tile) units) for a dense ``none`` problem (bias allowed) on ``wfrag``
-    weights at 16 / 32 tokens (in place of ``mma.sync``) or 128 tokens with at most two token
+    weights at 32 tokens, 16 tokens on wide layers (N >= 2 * 64 * SMs; both in place of
+    ``mma.sync`` or the wide one-tile-per-CTA tile) or 128 tokens with at most two token
     tiles, when each CTA gets >= :data:`STREAMK_MIN_K_TILES` k tiles; else None.
 
-    H200, median µs on wfrag + wperm weights (benchmarks/results/h200_2026-12-01_s9/, the
-    ``dev_streamk_grid`` runs after the loop fix, ``sk_wgmma`` for M = 32 / 199 before it):
+    H200, median µs on wfrag + wperm weights (benchmarks/results/h200_2026-12-01_s9/:
+    ``grid/grid_v2.log`` and ``sk_wgmma/ab_final.log`` after the loop fix, ``sk_wgmma/
+    ab_32_199.log`` before it):
     * M = 128, two row warpgroups, 8 stages, 132 CTAs: (18432, 7168) 66.3 vs 73.3 for three
       row warpgroups (96 CTAs, the previous choice); (7168, 18432) 67.7 vs 76.3 for ``r1 s2``;
-    * M = 16, one row warpgroup, 4 stages, 396 CTAs: (7168, 18432) 42.6 vs 42.0 for
-      ``mma.sync``; (18432, 7168) 43.1 vs 49.3 for the 6-stage one-tile-per-CTA WGMMA tile;
-    * M = 32 (before the loop fix): 52.0 vs 75.0 (``mma.sync``) and 50.7 vs 52.2;
-    * M = 199 (before the loop fix): 127.7 vs 141.1 (r3) at (18432, 7168), 125.4 vs 119.4
-      (``r2 s2``) at (7168, 18432).
+    * M = 199: 117.2 vs 121.0 (``r2 s2``) at (7168, 18432); before the fix 127.7 vs 141.1
+      (r3) at (18432, 7168);
+    * M = 16, one row warpgroup, 4 stages, 396 CTAs: (18432, 7168) 43.1 vs 49.3 for the
+      6-stage one-tile-per-CTA tile; (7168, 18432) 44.0 vs 42.2 for ``mma.sync`` (kept);
+    * M = 32 (before the fix): 52.0 vs 75.0 (``mma.sync``) and 50.7 vs 52.2.
     """
     if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
         return None
@@ -158,6 +160,8 @@ def _streamk_tile(cfg, m_tiles: int | None):
     row_wgs, stages, per_sm = STREAMK_TILES[cfg.block_m]
     if cfg.n % (64 * row_wgs) != 0 or not wg.supported(cfg.n, cfg.k):
         return None
+    if cfg.block_m == 16 and cfg.n < 2 * 64 * wg.NUM_SMS:
+        return None  # mma.sync is as fast there (see below)
     tile = wg.WgmmaConfig(cfg.n, cfg.k, "none", cfg.has_bias, False, cfg.block_m, row_wgs, 1,
                           stages, wfrag=True, streamk=per_sm)
     _, units = tile.streamk_units(m_tiles * cfg.block_m)
