@@ -781,17 +781,7 @@ class W4A16WgmmaGemm:
         kb16 = cfg.k // 16
         s_base = w_scale.iterator.toint()
 
-        thr_mma = tiled_mma.get_slice(lt)
-        t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
-        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, cfg.block_m)), Float32)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        a_shape = tiled_mma.partition_shape_A((64, 16))
-        frags = []
-        for _ in cutlass.range_constexpr(4):
-            frags.append(cute.make_rmem_tensor(a_shape, BFloat16))
-        raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
-        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
 
         start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -925,20 +915,8 @@ class W4A16WgmmaGemm:
         s_lo = s_base + Int64(row_lo) * Int64(kb16)
         s_hi = s_base + Int64(row_hi) * Int64(kb16)
 
-        thr_mma = tiled_mma.get_slice(lt)
-        t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
-        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, cfg.block_m)), Float32)
+        t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
         acc.fill(0.0)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        a_shape = tiled_mma.partition_shape_A((64, 16))
-        frags = []
-        for _ in cutlass.range_constexpr(4):  # [chunk buffer][k16 step]
-            frags.append(cute.make_rmem_tensor(a_shape, BFloat16))
-        # the next chunk's raw weight words (rows lo, hi) and its block scales (bf16x2 x 2 x 2),
-        # loaded before the wait for the previous WGMMAs so their latency hides behind it
-        raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
-        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-        sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)  # [lo, hi] x [this, next tile]
 
         if const_expr(cfg.pdl):
             # row scales (the gather's) and the output belong to the chain: wait for the
@@ -1000,6 +978,26 @@ class W4A16WgmmaGemm:
         else:
             self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
                           num_rows, row_lo, row_hi, quad)
+
+    def registers(self, tiled_mma, s_b, lt):
+        """A consumer thread's MMA state (plain Python, inlined while tracing): ``(t_cb, acc,
+        frags, raw, scl, sc)``: its B fragments of the activation ring, the fp32 accumulators
+        (64 A rows x ``block_m`` tokens per warpgroup; not zeroed), the A-fragment buffers
+        ``[chunk buffer][k16 step]``, and the next chunk's raw weight words (rows lo, hi), its
+        block scales as bf16x2 and the raw scale words ``[lo, hi] x [this, next tile]``, loaded
+        before the wait for the previous WGMMAs so their latency hides behind it. Sets the MMA
+        to accumulate."""
+        thr_mma = tiled_mma.get_slice(lt)
+        t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
+        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, self.cfg.block_m)),
+                                    Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        a_shape = tiled_mma.partition_shape_A((64, 16))
+        frags = [cute.make_rmem_tensor(a_shape, BFloat16) for _ in range(4)]
+        raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
+        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        return t_cb, acc, frags, raw, scl, sc
 
     def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
         """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales
