@@ -13,6 +13,36 @@ import torch
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
+@pytest.mark.parametrize("items,per_item,ctas", [
+    (96, 112, 132), (144, 112, 132), (56, 288, 132), (112, 288, 396), (8, 64, 132),
+    (16, 1, 528), (3, 5, 7), (1, 2, 132), (288, 112, 528), (7, 3, 2), (2 * 96, 112, 131)])
+def test_streamk_split_and_owners(items, per_item, ctas):
+    """The kernel's own work split and owner formulas (:mod:`nvfp4_ops.kernels.cute.streamk`,
+    evaluated eagerly on the CPU): the CTAs' ranges tile the units in order; ``item_owners``
+    names exactly the CTAs whose range meets the item; each CTA holds at most two partial
+    items, parked in distinct slots (1 for the item it begins, else 0)."""
+    pytest.importorskip("cutlass")
+    from cutlass import Int64
+
+    from nvfp4_ops.kernels.cute import streamk
+
+    units = items * per_item
+    spans = [tuple(int(v) for v in streamk.span(Int64(units), b, ctas)) for b in range(ctas)]
+    assert spans[0][0] == 0 and spans[-1][1] == units
+    assert all(spans[b][1] == spans[b + 1][0] for b in range(ctas - 1))
+    assert all(s <= e for s, e in spans)
+    slots: dict[int, list[int]] = {b: [] for b in range(ctas)}
+    for i in range(items):
+        first, last = i * per_item, (i + 1) * per_item - 1
+        lo, hi = (int(v) for v in streamk.item_owners(i, per_item, Int64(units), ctas))
+        meets = [b for b, (s, e) in enumerate(spans) if s < last + 1 and first < e]
+        assert meets == list(range(lo, hi + 1)), (i, lo, hi)
+        if lo != hi:  # a split item: every piece is parked
+            for b in meets:
+                slots[b].append(1 if b == lo else 0)
+    assert all(len(v) <= 2 and len(set(v)) == len(v) for v in slots.values())
+
+
 #: WGMMA (N, K, M, block_m, row_wgs, stages, streamk): the issue's 128-token shapes (three and
 #: two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles (M = 199), and a
 #: narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k tiles)
@@ -108,3 +138,35 @@ def test_dispatched_streamk_configs_compile():
                 names.add(cfg.name)
                 assert callable(L.compiled_gemm(cfg))
     assert len(names) == 7  # bm 32 / 128 (+ bias at 199) per shape, bm 16 at N = 18432
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 128])
+def test_streamk_linear_in_cuda_graph_on_gpu(m):
+    """``nvfp4.linear`` on prepared weights at (18432, 7168), where the dispatch picks stream-K
+    tiles (their counters and scratch are allocated per call, inside the capture): a captured
+    graph replayed with new inputs equals eager, bitwise, every time."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import nvfp4_ops
+    from nvfp4_ops.format import quantize as quantize_nvfp4
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    n, k = 18432, 7168
+    bm = L.block_m_for_tokens(m)
+    assert L.choose_config(n, k, bm, "none", False, False, 1, wfrag=True, wperm=True).streamk
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    w, ws, wg = quantize_nvfp4(torch.randn(n, k, device="cuda", generator=gen))
+    w = nvfp4_ops.to_wfrag_(w)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    nvfp4_ops.linear(x, w, ws, wg, wfrag=True)  # compile / load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nvfp4_ops.linear(x, w, ws, wg, wfrag=True)
+    for _ in range(3):
+        x.copy_(torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, nvfp4_ops.linear(x, w, ws, wg, wfrag=True))
