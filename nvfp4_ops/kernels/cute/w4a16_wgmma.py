@@ -522,28 +522,7 @@ class W4A16WgmmaGemm:
             )
         )
 
-        @cute.struct
-        class SharedStorage:
-            bars: cute.struct.MemRange[Int64, 2 * self.stages]
-            s_b: cute.struct.Align[
-                cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024
-            ]
-            s_w: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128
-            ]
-
-        @cute.struct
-        class SharedStorageStreamK:
-            bars: cute.struct.MemRange[Int64, 2 * self.stages]
-            s_b: cute.struct.Align[
-                cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024
-            ]
-            s_w: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128
-            ]
-            flag: cute.struct.MemRange[Int32, 4]  # the fix-up's counter value, broadcast
-
-        self.shared_storage = SharedStorageStreamK if cfg.streamk else SharedStorage
+        self.shared_storage = self.storage_struct(b_layout)
         num_rows = a.shape[0]
         grid_n = cfg.n_out // cfg.features_per_cta
         grid_m = (num_rows + (bm - 1)) // bm
@@ -564,6 +543,21 @@ class W4A16WgmmaGemm:
             stream=stream,
             use_pdl=cfg.pdl,
         )
+
+    def storage_struct(self, b_layout):
+        """The CTA's shared memory as a ``cute.struct``: the full / empty mbarriers, the
+        activation ring (``b_layout``), the weight boxes, and with ``streamk`` a word
+        broadcasting the fix-up's count. Built from an annotation dict (the module's
+        annotations are strings, which ``cute.struct`` evaluates only in a traced body)."""
+        fields = {
+            "bars": cute.struct.MemRange[Int64, 2 * self.stages],
+            "s_b": cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024],
+            "s_w": cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128],
+        }
+        if self.cfg.streamk:
+            fields["flag"] = cute.struct.MemRange[Int32, 4]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def smem_bytes(self, storage: int) -> int:
         """Dynamic shared memory to request: the storage, and with ``setmaxnreg``
@@ -770,13 +764,8 @@ class W4A16WgmmaGemm:
         grp = lane // 4
         quad = lane % 4
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
-        rb = BLOCK_K // 2
+        off_lo, off_hi = self.a_row_offsets(wg, wq, grp, quad)
         w_smem = s_w.iterator.toint()
-        off_lo = (2 * wg + wq // 2) * 1024 + (16 * (wq % 2) + grp) * rb
-        off_hi = off_lo + 8 * rb
-        if const_expr(cfg.wfrag):
-            off_lo = off_lo + 4 * quad
-            off_hi = off_hi + 4 * quad
         stage_bytes_w = nb * 1024
         kb16 = cfg.k // 16
         s_base = w_scale.iterator.toint()
@@ -793,8 +782,7 @@ class W4A16WgmmaGemm:
                 k0 = cutlass.max(start - i * kt_n, 0)
                 k1 = cutlass.min(end - i * kt_n, kt_n)
                 tm = i // n_tiles
-                row_lo = (i - tm * n_tiles) * cfg.features_per_cta + 64 * wg + 16 * wq + grp
-                row_hi = row_lo + 8
+                row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, wq, grp)
                 s_lo = s_base + Int64(row_lo) * Int64(kb16)
                 s_hi = s_base + Int64(row_hi) * Int64(kb16)
                 acc.fill(0.0)
@@ -883,30 +871,9 @@ class W4A16WgmmaGemm:
             q2 = quad // 2
             sel = (q2 | ((q2 + 4) << 4), (2 + q2) | ((6 + q2) << 4))
 
-        # shared-memory byte offsets (within a stage) of this lane's two A rows (g and g+8)
-        # and the matching weight rows (global), see the module docstring
-        if const_expr(cfg.epilogue == "swiglu"):
-            slot_lo = 2 * rq
-            slot_hi = 2 * rq + 1
-            srow_lo = 8 * wq + grp
-            srow_hi = 8 * wq + grp
-            feat = bidx * cfg.features_per_cta + 32 * rq + 8 * wq + grp
-            row_lo = feat
-            row_hi = feat + cfg.n // 2
-        else:
-            slot_lo = 2 * rq + wq // 2
-            slot_hi = slot_lo
-            srow_lo = 16 * (wq % 2) + grp
-            srow_hi = srow_lo + 8
-            row_lo = bidx * cfg.features_per_cta + 64 * rq + 16 * wq + grp
-            row_hi = row_lo + 8
-        rb = BLOCK_K // 2
+        row_lo, row_hi = self.a_weight_rows(bidx, rq, wq, grp)
         w_smem = s_w.iterator.toint()
-        off_lo = slot_lo * 1024 + srow_lo * rb
-        off_hi = slot_hi * 1024 + srow_hi * rb
-        if const_expr(cfg.kperm or cfg.wfrag):
-            off_lo = off_lo + 4 * quad
-            off_hi = off_hi + 4 * quad
+        off_lo, off_hi = self.a_row_offsets(rq, wq, grp, quad)
         stage_bytes_w = nb * 1024
 
         # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
@@ -978,6 +945,39 @@ class W4A16WgmmaGemm:
         else:
             self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
                           num_rows, row_lo, row_hi, quad)
+
+    def a_row_offsets(self, rq, wq, grp, quad):
+        """``(off_lo, off_hi)``: byte offsets within a stage's weight boxes of the lane's two A
+        rows (g and g + 8) of row warpgroup ``rq``, warp ``wq`` (see the module docstring; plain
+        Python, inlined while tracing)."""
+        if const_expr(self.cfg.epilogue == "swiglu"):
+            slot_lo = 2 * rq
+            slot_hi = 2 * rq + 1
+            srow_lo = 8 * wq + grp
+            srow_hi = 8 * wq + grp
+        else:
+            slot_lo = 2 * rq + wq // 2
+            slot_hi = slot_lo
+            srow_lo = 16 * (wq % 2) + grp
+            srow_hi = srow_lo + 8
+        rb = BLOCK_K // 2
+        off_lo = slot_lo * 1024 + srow_lo * rb
+        off_hi = slot_hi * 1024 + srow_hi * rb
+        if const_expr(self.cfg.kperm or self.cfg.wfrag):
+            off_lo = off_lo + 4 * quad
+            off_hi = off_hi + 4 * quad
+        return off_lo, off_hi
+
+    def a_weight_rows(self, tile_n, rq, wq, grp):
+        """``(row_lo, row_hi)``: the weight rows (of the group) of the lane's two A rows in
+        feature tile ``tile_n``; for ``swiglu`` a feature's gate row and its up row ``+ N/2``
+        (plain Python, inlined while tracing)."""
+        cfg = self.cfg
+        if const_expr(cfg.epilogue == "swiglu"):
+            feat = tile_n * cfg.features_per_cta + 32 * rq + 8 * wq + grp
+            return feat, feat + cfg.n // 2
+        row_lo = tile_n * cfg.features_per_cta + 64 * rq + 16 * wq + grp
+        return row_lo, row_lo + 8
 
     def registers(self, tiled_mma, s_b, lt):
         """A consumer thread's MMA state (plain Python, inlined while tracing): ``(t_cb, acc,
