@@ -64,3 +64,48 @@ def test_l2_flush_modes():
     assert int(buf.max()) == 0
     with pytest.raises(ValueError, match="write or read"):
         bench_moe.l2_flush(buf, "evict")
+
+
+_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDS.U16 R4, [R2] ;
+        /*0020*/                   F2FP.F16.E4M3.UNPACK_B R4, R4 ;
+        /*0030*/                   HMUL2.BF16_V2 R8, R8, R4.H0_H0 ;
+.L_x_2:
+        /*0040*/                   HMMA.16816.F32.BF16 R12, R8, R6, R12 ;
+        /*0050*/               @P0 BRA `(.L_x_2) ;
+        /*0060*/                   LOP3.LUT R8, R8, 0x80008000, RZ, 0xc0, !PT ;
+        /*0070*/               @P1 BRA `(.L_x_1) ;
+        /*0080*/                   BRA `(.L_x_3) ;
+.L_x_3:
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_dev_sass_finds_mma_loops_innermost_first():
+    import dev_sass
+
+    inner, outer = dev_sass.loops(_SASS)
+    assert (inner["len"], inner["mma"]) == (2, 1)
+    assert (outer["len"], outer["mma"]) == (7, 1)
+    assert outer["classes"] == {"loads": 1, "scale cvt": 1, "hmul2": 1, "mma": 1,
+                                "other": 2, "int decode": 1}
+
+
+def test_dev_sass_counts_a_compiled_kernel(tmp_path):
+    """The streamed M = 1 kernel's k loop: 16 ``mma.sync`` per step of 128 codes per lane, its
+    block scales converted in the loop."""
+    import dev_sass
+
+    from nvfp4_ops.kernels import linear_cuda
+
+    try:
+        dev_sass.tool("ptxas"), dev_sass.tool("nvdisasm")
+    except SystemExit as exc:
+        pytest.skip(str(exc))
+    cfg = linear_cuda.choose_config(7168, 18432, 8, "none", False, False, 1, wperm=True,
+                                    wfrag=True)
+    (loop, *_) = dev_sass.loops(dev_sass.sass_of(cfg, tmp_path / "k"))
+    assert loop["mma"] == 16 and loop["classes"]["hmul2"] >= 64
+    assert loop["classes"]["scale cvt"] > 0 and loop["len"] < 400

@@ -1,0 +1,159 @@
+"""Static SASS counts of the dense dispatch's kernels (diagnostics; CPU only, no GPU needed).
+
+For each ``--nk`` shape and token count ``--ms``, the config ``nvfp4::linear`` would launch on
+prepared weights (``linear_cuda.choose_config(..., wperm=True, wfrag=True)``; ``--checkpoint``
+for the checkpoint order) is compiled for sm_90a with its PTX kept, assembled with ptxas and
+disassembled with nvdisasm. Printed per kernel: its instruction count and, for its innermost
+loop that issues MMAs (a backward branch; the steady-state k loop), its length, its MMAs,
+instructions per MMA and a breakdown: integer decode work, ``HMUL2`` (the block-scale
+multiply), block-scale conversion (``F2FP``, ``HADD2.F32``, ``FMUL``), loads, uniform-datapath
+and synchronisation.
+
+Why: the decode kernels are limited by the instructions their consumer warps issue per weight
+byte (CONTRIBUTING, measured facts), and these counts move with every decoder change while a
+GPU is not at hand. They are static counts: a loop's length, not cycles.
+
+Usage: ``python benchmarks/dev_sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
+[--checkpoint] [--keep DIR]``. Needs the ``dev`` extra's toolchain: ptxas from the
+``nvidia-cuda-nvcc`` wheel (or triton's), nvdisasm from triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", re.M)
+_LABEL = re.compile(r"^(\.L_x_\d+):", re.M)
+
+#: breakdown classes, by opcode prefix (first match wins)
+CLASSES = (
+    ("mma", ("HMMA", "HGMMA")),
+    ("scale cvt", ("F2FP", "HADD2.F32", "FMUL")),
+    ("hmul2", ("HMUL2",)),
+    ("int decode", ("LOP3", "SHF", "IMAD.SHL", "PRMT", "IADD3", "LEA", "IMAD")),
+    ("loads", ("LDS", "LDG", "LDSM")),
+    ("uniform", ("U", "R2UR", "VOTEU")),
+    ("sync", ("SYNCS", "BAR", "WARPGROUP", "WARPSYNC", "MEMBAR", "FENCE", "DEPBAR")),
+)
+
+
+def tool(name: str) -> str:
+    """Path of ``ptxas`` / ``nvdisasm``: the CUDA 13 wheel's, else triton's, else PATH."""
+    import importlib.util
+
+    dirs = []
+    spec = importlib.util.find_spec("nvidia")
+    if spec and spec.submodule_search_locations:
+        dirs += [Path(p) / "cu13" / "bin" for p in spec.submodule_search_locations]
+    spec = importlib.util.find_spec("triton")
+    if spec and spec.origin:
+        dirs.append(Path(spec.origin).parent / "backends" / "nvidia" / "bin")
+    for d in dirs:
+        if (d / name).exists():
+            return str(d / name)
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"dev_sass: {name} not found (install the dev extra)")
+    return found
+
+
+def sass_of(cfg, folder: Path) -> str:
+    """Compile ``cfg`` (PTX kept in ``folder``), assemble for sm_90a, return its SASS text."""
+    from nvfp4_ops.testing import kernel_ptx
+
+    kernel_ptx(cfg, folder)
+    (ptx,) = folder.glob("*.ptx")
+    cubin = folder / "kernel.cubin"
+    subprocess.run([tool("ptxas"), "-arch=sm_90a", "-o", str(cubin), str(ptx)], check=True)
+    sass = subprocess.run([tool("nvdisasm"), "-c", str(cubin)], check=True,
+                          capture_output=True, text=True).stdout
+    (folder / "kernel.sass").write_text(sass)
+    return sass
+
+
+def classify(op: str) -> str:
+    for name, prefixes in CLASSES:
+        if op.startswith(prefixes):
+            return name
+    return "other"
+
+
+def loops(sass: str) -> list[dict]:
+    """Loops that issue MMAs (label .. backward branch), innermost (shortest) first."""
+    events = []  # (position, kind, payload)
+    for m in _LABEL.finditer(sass):
+        events.append((m.start(), "label", m.group(1)))
+    for m in _INSTR.finditer(sass):
+        events.append((m.start(), "op", (m.group(1), m.group(2))))
+    events.sort()
+    ops, label_at = [], {}
+    for _, kind, payload in events:
+        if kind == "label":
+            label_at[payload] = len(ops)
+        else:
+            ops.append(payload)
+    found = []
+    for i, (op, args) in enumerate(ops):
+        target = re.search(r"`\((\.L_x_\d+)\)", args) if op.startswith("BRA") else None
+        if target and label_at.get(target.group(1), i + 1) <= i:
+            body = [o for o, _ in ops[label_at[target.group(1)]:i + 1]]
+            mma = sum(classify(o) == "mma" for o in body)
+            if mma:
+                found.append({"len": len(body), "mma": mma,
+                              "classes": collections.Counter(classify(o) for o in body)})
+    return sorted(found, key=lambda lp: lp["len"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168"])
+    p.add_argument("--ms", nargs="+", type=int, default=[1, 16, 128])
+    p.add_argument("--checkpoint", action="store_true",
+                   help="the checkpoint weight order instead of prepared (wfrag + wperm)")
+    p.add_argument("--keep", type=Path, help="keep PTX / cubin / SASS under this folder")
+    args = p.parse_args(argv)
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    root = args.keep or Path(tempfile.mkdtemp(prefix="nvfp4_sass_"))
+    prepared = not args.checkpoint
+    names = [name for name, _ in CLASSES] + ["other"]
+    print(f"{'case':44s} {'kernel':>6s} {'loop':>5s} {'mma':>4s} {'/mma':>6s}  "
+          + " ".join(f"{n[:10]:>10s}" for n in names), flush=True)
+    for nk in args.nk:
+        n, k = (int(v) for v in nk.split("x"))
+        for m in args.ms:
+            bm = L.block_m_for_tokens(m)
+            cfg = L.choose_config(n, k, bm, "none", False, False,
+                                  min(-(-m // bm), L._m_tiles_cap()), wperm=prepared,
+                                  wfrag=prepared)
+            folder = root / f"{n}x{k}_m{m}"
+            shutil.rmtree(folder, ignore_errors=True)
+            sass = sass_of(cfg, folder)
+            total = len(_INSTR.findall(sass))
+            label = f"{n}x{k} M={m} {cfg.name.split('_', 1)[0]}"
+            found = loops(sass)
+            if not found:
+                print(f"{label:44s} {total:6d}  (no MMA loop)")
+                continue
+            lp = found[0]
+            cells = " ".join(f"{lp['classes'].get(c, 0):10d}" for c in names)
+            print(f"{label:44s} {total:6d} {lp['len']:5d} {lp['mma']:4d} "
+                  f"{lp['len'] / lp['mma']:6.1f}  {cells}", flush=True)
+    if args.keep:
+        print(f"PTX / cubin / SASS under {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
