@@ -109,3 +109,24 @@ def test_dev_sass_counts_a_compiled_kernel(tmp_path):
     (loop, *_) = dev_sass.loops(dev_sass.sass_of(cfg, tmp_path / "k"))
     assert loop["mma"] == 16 and loop["classes"]["hmul2"] >= 64
     assert loop["classes"]["scale cvt"] > 0 and loop["len"] < 400
+
+
+def test_dev_ab_tree_compiles_a_baseline_in_its_own_cache(tmp_path, monkeypatch):
+    """The baseline worker imports the package under ``--baseline`` (here this tree's own
+    folder) and leaves its binary in the cache folder of that package's sources."""
+    import dev_ab_tree
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("NVFP4_OPS_CACHE_DIR", str(tmp_path / "cache"))
+    ((name, path),) = dev_ab_tree.baseline_binaries(root, [(7168, 18432, 1)], 1).values()
+    assert name == dev_ab_tree.dense_config(7168, 18432, 1).name
+    assert Path(path).is_file() and Path(path).is_relative_to(tmp_path / "cache")
+
+
+def test_dev_ab_tree_refuses_a_baseline_it_did_not_import(tmp_path, monkeypatch):
+    import dev_ab_tree
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(RuntimeError, match="not .*" + tmp_path.name):
+        dev_ab_tree._use_baseline(str(tmp_path))
+    assert dev_ab_tree.main(["--baseline", str(tmp_path)]) == 2
