@@ -13,8 +13,13 @@ Why: the decode kernels are limited by the instructions their consumer warps iss
 byte (CONTRIBUTING, measured facts), and these counts move with every decoder change while a
 GPU is not at hand. They are static counts: a loop's length, not cycles.
 
+``--moe SHAPE`` (``v4-flash``, ...): the MoE's two grouped GEMMs (gate/up ``swiglu``, down
+``row_scale``) at every token tile instead, as ``nvfp4::moe`` launches them (permuted
+activations where both GEMMs have them, ``wperm`` weights where its kernels read them, launch
+overlap, the grouped ``m_tiles`` cap).
+
 Usage: ``python benchmarks/dev_sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
-[--checkpoint] [--keep DIR]``. Needs the ``dev`` extra's toolchain: ptxas from the
+[--checkpoint] [--moe SHAPE] [--keep DIR]``. Needs the ``dev`` extra's toolchain: ptxas from the
 ``nvidia-cuda-nvcc`` wheel (or triton's), nvdisasm from triton.
 """
 
@@ -112,42 +117,72 @@ def loops(sass: str) -> list[dict]:
     return sorted(found, key=lambda lp: lp["len"])
 
 
+def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str, object]]:
+    """``(label, config)`` of ``nvfp4::linear`` at each shape ``NxK`` and token count."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    out = []
+    for nk in nks:
+        n, k = (int(v) for v in nk.split("x"))
+        for m in ms:
+            bm = L.block_m_for_tokens(m)
+            out.append((f"{n}x{k} M={m}", L.choose_config(
+                n, k, bm, "none", False, False, min(-(-m // bm), L._m_tiles_cap()),
+                wperm=prepared, wfrag=prepared)))
+    return out
+
+
+def moe_cases(shape_name: str) -> list[tuple[str, object]]:
+    """``(label, config)`` of the MoE's gate/up and down GEMMs at every token tile."""
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.moe_cuda import wperm_supported
+
+    s = get_shape(shape_name)
+    h, i = s.hidden, s.intermediate
+    out = []
+    for bm in L.BLOCK_MS:
+        kperm = L.grouped_kperm(h, i, bm)
+        wperm = kperm and wperm_supported(h, i)
+        for what, n, k, epi in (("gate/up", 2 * i, h, "swiglu"), ("down", h, i, "row_scale")):
+            n_out = n // 2 if epi == "swiglu" else n
+            if L.grouped_supported(n_out, k, bm):
+                out.append((f"{shape_name} {what} tile {bm}", L.choose_config(
+                    n, k, bm, epi, False, True, L._m_tiles_cap(True), kperm, True, wperm)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168"])
     p.add_argument("--ms", nargs="+", type=int, default=[1, 16, 128])
     p.add_argument("--checkpoint", action="store_true",
                    help="the checkpoint weight order instead of prepared (wfrag + wperm)")
+    p.add_argument("--moe", metavar="SHAPE",
+                   help="the MoE GEMMs of this model shape at every token tile, not dense ones")
     p.add_argument("--keep", type=Path, help="keep PTX / cubin / SASS under this folder")
     args = p.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from nvfp4_ops.kernels import linear_cuda as L
-
     root = args.keep or Path(tempfile.mkdtemp(prefix="nvfp4_sass_"))
     prepared = not args.checkpoint
     names = [name for name, _ in CLASSES] + ["other"]
     print(f"{'case':44s} {'kernel':>6s} {'loop':>5s} {'mma':>4s} {'/mma':>6s}  "
           + " ".join(f"{n[:10]:>10s}" for n in names), flush=True)
-    for nk in args.nk:
-        n, k = (int(v) for v in nk.split("x"))
-        for m in args.ms:
-            bm = L.block_m_for_tokens(m)
-            cfg = L.choose_config(n, k, bm, "none", False, False,
-                                  min(-(-m // bm), L._m_tiles_cap()), wperm=prepared,
-                                  wfrag=prepared)
-            folder = root / f"{n}x{k}_m{m}"
-            shutil.rmtree(folder, ignore_errors=True)
-            sass = sass_of(cfg, folder)
-            total = len(_INSTR.findall(sass))
-            label = f"{n}x{k} M={m} {cfg.name.split('_', 1)[0]}"
-            found = loops(sass)
-            if not found:
-                print(f"{label:44s} {total:6d}  (no MMA loop)")
-                continue
-            lp = found[0]
-            cells = " ".join(f"{lp['classes'].get(c, 0):10d}" for c in names)
-            print(f"{label:44s} {total:6d} {lp['len']:5d} {lp['mma']:4d} "
-                  f"{lp['len'] / lp['mma']:6.1f}  {cells}", flush=True)
+    cases = moe_cases(args.moe) if args.moe else dense_cases(args.nk, args.ms, prepared)
+    for label, cfg in cases:
+        folder = root / cfg.name
+        shutil.rmtree(folder, ignore_errors=True)
+        sass = sass_of(cfg, folder)
+        total = len(_INSTR.findall(sass))
+        label = f"{label} {cfg.name.split('_', 1)[0]}"
+        found = loops(sass)
+        if not found:
+            print(f"{label:44s} {total:6d}  (no MMA loop)")
+            continue
+        lp = found[0]
+        cells = " ".join(f"{lp['classes'].get(c, 0):10d}" for c in names)
+        print(f"{label:44s} {total:6d} {lp['len']:5d} {lp['mma']:4d} "
+              f"{lp['len'] / lp['mma']:6.1f}  {cells}", flush=True)
     if args.keep:
         print(f"PTX / cubin / SASS under {root}")
     else:

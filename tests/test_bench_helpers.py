@@ -130,3 +130,20 @@ def test_dev_ab_tree_refuses_a_baseline_it_did_not_import(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="not .*" + tmp_path.name):
         dev_ab_tree._use_baseline(str(tmp_path))
     assert dev_ab_tree.main(["--baseline", str(tmp_path)]) == 2
+
+
+def test_dev_sass_moe_cases_are_the_ops_grouped_configs():
+    """Both MoE GEMMs at every tile both cover, configured as ``nvfp4::moe`` launches them."""
+    import dev_sass
+
+    from nvfp4_ops import get_shape
+    from nvfp4_ops.kernels import linear_cuda
+
+    shape = get_shape("v4-flash")
+    cases = dev_sass.moe_cases("v4-flash")
+    assert len(cases) == 2 * len(linear_cuda.BLOCK_MS)
+    for label, cfg in cases:
+        assert cfg.grouped and cfg.pdl and cfg.epilogue == (
+            "swiglu" if "gate/up" in label else "row_scale")
+        assert cfg.kperm == linear_cuda.grouped_kperm(shape.hidden, shape.intermediate,
+                                                      cfg.block_m)
