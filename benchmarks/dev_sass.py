@@ -1,4 +1,4 @@
-"""Static SASS counts of the dense dispatch's kernels (diagnostics; CPU only, no GPU needed).
+"""Static SASS counts of the dispatched GEMM kernels (diagnostics; CPU only, no GPU needed).
 
 For each ``--nk`` shape and token count ``--ms``, the config ``nvfp4::linear`` would launch on
 prepared weights (``linear_cuda.choose_config(..., wperm=True, wfrag=True)``; ``--checkpoint``
@@ -19,8 +19,9 @@ activations where both GEMMs have them, ``wperm`` weights where its kernels read
 overlap, the grouped ``m_tiles`` cap).
 
 Usage: ``python benchmarks/dev_sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
-[--checkpoint] [--moe SHAPE] [--keep DIR]``. Needs the ``dev`` extra's toolchain: ptxas from the
-``nvidia-cuda-nvcc`` wheel (or triton's), nvdisasm from triton.
+[--checkpoint] [--moe SHAPE] [--keep DIR]``. Needs ptxas 13 (the ``nvidia-cuda-nvcc`` wheel
+the ``vllm`` extra brings; triton's ptxas 12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm
+(triton's).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def tool(name: str) -> str:
             return str(d / name)
     found = shutil.which(name)
     if found is None:
-        raise SystemExit(f"dev_sass: {name} not found (install the dev extra)")
+        raise SystemExit(f"dev_sass: {name} not found (install the vllm extra)")
     return found
 
 
