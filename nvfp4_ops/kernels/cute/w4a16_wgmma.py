@@ -643,12 +643,12 @@ class W4A16WgmmaGemm:
             if bidx + bidy == 0:
                 cute.arch.griddepcontrol_wait()
 
-    @cute.jit
-    def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
-        """One warp: per stage, the activation tile and ``2 * row_wgs`` weight boxes."""
-        cfg = self.cfg
-        nb = self.num_boxes
-        g_b = cute.local_tile(m_b, (cfg.block_m, BLOCK_K), (bidy, None))
+    def tma_views(self, tma_b, m_b, tma_w, m_w, s_b, s_w, token_tile):
+        """The producer's TMA partitions ``(t_sb, t_gb, t_sw, t_gw)``: the activation ring and
+        the ``(block_m, BLOCK_K)`` tiles of token tile ``token_tile`` (None: of every token
+        tile, for stream-K), the weight ring and every 32-row weight box (plain Python,
+        inlined while tracing)."""
+        g_b = cute.local_tile(m_b, (self.cfg.block_m, BLOCK_K), (token_tile, None))
         t_sb, t_gb = cpasync.tma_partition(
             tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
             cute.group_modes(g_b, 0, 2),
@@ -658,6 +658,14 @@ class W4A16WgmmaGemm:
             tma_w, 0, cute.make_layout(1), cute.group_modes(s_w, 0, 2),
             cute.group_modes(g_w, 0, 2),
         )
+        return t_sb, t_gb, t_sw, t_gw
+
+    @cute.jit
+    def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
+        """One warp: per stage, the activation tile and ``2 * row_wgs`` weight boxes."""
+        cfg = self.cfg
+        nb = self.num_boxes
+        t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, bidy)
         # 32-row box index of each weight box of this CTA (see the module docstring)
         base = expert * (cfg.n // 32)
         box_rows = []
@@ -718,16 +726,7 @@ class W4A16WgmmaGemm:
         ``i % n_tiles``, token tile ``i // n_tiles``) its k tiles ``k0 .. k1 - 1``."""
         nb = self.num_boxes
         kt_n = self.k_tiles
-        g_b = cute.local_tile(m_b, (self.cfg.block_m, BLOCK_K), (None, None))
-        t_sb, t_gb = cpasync.tma_partition(
-            tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
-            cute.group_modes(g_b, 0, 2),
-        )
-        g_w = cute.local_tile(m_w, (32, BLOCK_K // 2), (None, None))
-        t_sw, t_gw = cpasync.tma_partition(
-            tma_w, 0, cute.make_layout(1), cute.group_modes(s_w, 0, 2),
-            cute.group_modes(g_w, 0, 2),
-        )
+        t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
         start, end, _, _, n_tiles = self.streamk_work(num_rows)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if end > start:
