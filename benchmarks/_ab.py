@@ -69,6 +69,18 @@ def alternate_cases(cases: dict[str, dict[str, Callable[[], object]]], rounds: i
     return med
 
 
+def linear_config(n: int, k: int, num_tokens: int, prepared: bool = True):
+    """The config ``nvfp4::linear`` launches for ``num_tokens`` tokens on ``[n, k]`` weights
+    (``prepared``: by ``to_wfrag_``, read as wfrag + wperm), from whichever ``nvfp4_ops`` this
+    process imported: the token tile and ``m_tiles`` as ``grouped_w4a16_gemm`` derives them."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    bm = L.block_m_for_tokens(num_tokens)
+    return L.choose_config(n, k, bm, "none", False, False,
+                           min(-(-num_tokens // bm), L._m_tiles_cap()), wperm=prepared,
+                           wfrag=prepared)
+
+
 def config_gemm(pick: Callable[..., object]):
     """A ``gemm`` for ``moe_cuda.moe_forward`` that launches the config ``pick(n, k, block_m,
     epilogue, m_tiles, kperm, pdl)`` returns (``m_tiles`` clamped as the op clamps it), or runs

@@ -35,16 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab  # noqa: E402  (no nvfp4_ops import at module level: the workers import a baseline)
 
 
-def dense_config(n: int, k: int, m: int):
-    """The config ``nvfp4::linear`` launches for ``m`` tokens on prepared ``[n, k]`` weights,
-    from whichever ``nvfp4_ops`` this process imported."""
-    from nvfp4_ops.kernels import linear_cuda as L
-
-    bm = L.block_m_for_tokens(m)
-    return L.choose_config(n, k, bm, "none", False, False, min(-(-m // bm), L._m_tiles_cap()),
-                           wperm=True, wfrag=True)
-
-
 def _use_baseline(root: str) -> None:
     """Worker initializer: import the baseline's ``nvfp4_ops`` (before anything else does)."""
     sys.path.insert(0, root)
@@ -62,7 +52,7 @@ def baseline_binary(nkm: tuple[int, int, int]) -> tuple[str, str]:
     from nvfp4_ops import _compile
     from nvfp4_ops.kernels import linear_cuda
 
-    cfg = dense_config(*nkm)
+    cfg = _ab.linear_config(*nkm)
     linear_cuda.compiled_gemm(cfg)
     return cfg.name, str(_compile.cache_dir() / f"{cfg.name}.o")
 
@@ -112,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
     keys = [(n, k, m) for n, k in shapes for m in args.ms]
-    cfgs = {key: dense_config(*key) for key in keys}
+    cfgs = {key: _ab.linear_config(*key) for key in keys}
     compile_configs(list(cfgs.values()), args.jobs, "this tree")
     base = baseline_binaries(args.baseline, keys, args.jobs)
     for key, cfg in cfgs.items():

@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", re.M)
 _LABEL = re.compile(r"^(\.L_x_\d+):", re.M)
 
@@ -120,16 +122,12 @@ def loops(sass: str) -> list[dict]:
 
 def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str, object]]:
     """``(label, config)`` of ``nvfp4::linear`` at each shape ``NxK`` and token count."""
-    from nvfp4_ops.kernels import linear_cuda as L
+    import _ab
 
     out = []
     for nk in nks:
         n, k = (int(v) for v in nk.split("x"))
-        for m in ms:
-            bm = L.block_m_for_tokens(m)
-            out.append((f"{n}x{k} M={m}", L.choose_config(
-                n, k, bm, "none", False, False, min(-(-m // bm), L._m_tiles_cap()),
-                wperm=prepared, wfrag=prepared)))
+        out += [(f"{n}x{k} M={m}", _ab.linear_config(n, k, m, prepared)) for m in ms]
     return out
 
 

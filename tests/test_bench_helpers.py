@@ -114,12 +114,13 @@ def test_dev_sass_counts_a_compiled_kernel(tmp_path):
 def test_dev_ab_tree_compiles_a_baseline_in_its_own_cache(tmp_path, monkeypatch):
     """The baseline worker imports the package under ``--baseline`` (here this tree's own
     folder) and leaves its binary in the cache folder of that package's sources."""
+    import _ab
     import dev_ab_tree
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("NVFP4_OPS_CACHE_DIR", str(tmp_path / "cache"))
     ((name, path),) = dev_ab_tree.baseline_binaries(root, [(7168, 18432, 1)], 1).values()
-    assert name == dev_ab_tree.dense_config(7168, 18432, 1).name
+    assert name == _ab.linear_config(7168, 18432, 1).name
     assert Path(path).is_file() and Path(path).is_relative_to(tmp_path / "cache")
 
 
