@@ -85,6 +85,27 @@ def test_linear_per_tensor_and_per_channel_global(n, k):
             check_close(out, ref, f"linear {name} global M={m} N={n} K={k}")
 
 
+@pytest.mark.parametrize("wfrag", [False, True])
+def test_every_block_scale_byte(wfrag):
+    """Block scales drawn from every e4m3 byte but the two NaNs (zero, negative, subnormal and
+    the largest magnitudes too), at token counts of every dense family, on checkpoint and
+    prepared (``to_wfrag_``) weights: the kernels' scale conversion must be exact for all of
+    them, not only for the positive normals a quantizer writes."""
+    gen = torch.Generator(device="cuda").manual_seed(11 + wfrag)
+    n, k = 18432, 7168
+    weight, _, gscale = random_nvfp4(n, k, gen)
+    byte = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8,
+                        device="cuda")
+    pick = torch.randint(0, byte.numel(), (n, k // 16), device="cuda", generator=gen)
+    weight_scale = byte[pick].view(torch.float8_e4m3fn)
+    w = nvfp4_ops.to_wfrag_(weight.clone()) if wfrag else weight
+    for m in (1, 16, 32, 128):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = linear_fp32(x, weight, weight_scale, gscale)
+        out = nvfp4_ops.linear(x, w, weight_scale, gscale, wfrag=wfrag)
+        check_close(out, ref, f"linear every scale byte wfrag={wfrag} M={m}")
+
+
 def test_linear_bias_and_unsupported_fallback():
     gen = torch.Generator(device="cuda").manual_seed(5)
     for n, k in [(4096, 4096), (48, 96)]:  # second: K % 128 != 0 -> exact reference path
