@@ -30,7 +30,9 @@ __all__ = [
     "ld_u16_at",
     "ld_v4",
     "ld_v4_at",
+    "bf16x2_halves",
     "mma_m16n8k16",
+    "scale_pair_pre",
     "scales_to_bf16x2",
     "scales_to_bf16x2_pre",
 ]
@@ -60,16 +62,22 @@ def ld_u16(addr: Int64):
     )
 
 
-def _scales_ptx(prescale: str) -> str:
-    """PTX: two e4m3 bytes (low 16 bits of $r0) -> two bf16x2 words, each holding one scale
-    twice, optionally multiplied by the power of two ``prescale`` (hex bf16x2 literal, the same
-    power in both halves).
+_PRESCALE = "0x7B007B00"  # 2^119 in both halves of a bf16x2
 
-    Both scales are packed into one bf16x2 (and scaled by one ``mul.rn.bf16x2``) before the
-    halves are split: ptxas folds the split (``mov`` of a half into both halves) into the
-    operand swizzle (``.H0_H0`` / ``.H1_H1``) of the ``HMUL2`` that consumes each word, so the
-    pair costs 5 instructions instead of 7 (sm_90a SASS)."""
+
+def _pair_ptx(prescale: str, split: bool) -> str:
+    """PTX: two e4m3 bytes (low 16 bits of $r0) -> one bf16x2 (scale 0 low, scale 1 high),
+    optionally multiplied by the bf16x2 power of two ``prescale``; with ``split``, that word's
+    halves each broadcast into a word of their own ($w0, $w1) instead.
+
+    The pair is packed first and scaled by one ``mul.rn.bf16x2``: 5 SASS instructions for two
+    scales, against 7 for two words converted and scaled separately. ptxas folds a broadcast
+    (a ``mov`` of one half into both) into the operand swizzle (``.H0_H0`` / ``.H1_H1``) of the
+    ``HMUL2`` that consumes it, when both sit in the same block (sm_90a; a broadcast carried
+    across a loop edge costs a ``PRMT``: see :func:`bf16x2_halves`)."""
     mul = (f"mov.b32 c2, {prescale};\n" "mul.rn.bf16x2 pk, pk, c2;\n") if prescale else ""
+    out = ("mov.b32 {b0, b1}, pk;\n" "mov.b32 {$w0}, {b0, b0};\n" "mov.b32 {$w1}, {b1, b1};\n"
+           if split else "mov.b32 {$w0}, pk;\n")
     return (
         "{\n"
         ".reg .b16 s16, h0, h1, b0, b1;\n"
@@ -81,11 +89,26 @@ def _scales_ptx(prescale: str) -> str:
         "cvt.f32.f16 f0, h0;\n"
         "cvt.f32.f16 f1, h1;\n"
         "cvt.rn.bf16x2.f32 pk, f1, f0;\n"
-        + mul
-        + "mov.b32 {b0, b1}, pk;\n"
-        "mov.b32 {$w0}, {b0, b0};\n"
-        "mov.b32 {$w1}, {b1, b1};\n"
-        "}"
+        + mul + out + "}"
+    )
+
+
+def scale_pair_pre(two_scales: Int32):
+    """Two e4m3 bytes (low 16 bits) -> one bf16x2: ``scale_0 * 2^119`` (low half),
+    ``scale_1 * 2^119`` (high half), exact as :func:`scales_to_bf16x2_pre`. For a loop that
+    carries the pair: split it with :func:`bf16x2_halves` next to the decoder that uses it."""
+    return inline_ptx(_pair_ptx(_PRESCALE, False), write_only_types=[Int32],
+                      read_only_args=[two_scales])
+
+
+def bf16x2_halves(word: Int32):
+    """``(low half twice, high half twice)`` of a bf16x2 word. Free when the results feed
+    ``mul.rn.bf16x2`` in the same block (ptxas uses ``HMUL2`` operand swizzles instead)."""
+    return inline_ptx(
+        "{\n.reg .b16 b0, b1;\nmov.b32 {b0, b1}, {$r0};\n"
+        "mov.b32 {$w0}, {b0, b0};\nmov.b32 {$w1}, {b1, b1};\n}",
+        write_only_types=[Int32, Int32],
+        read_only_args=[word],
     )
 
 
@@ -95,7 +118,7 @@ def scales_to_bf16x2(two_scales: Int32):
 
     e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
     """
-    return inline_ptx(_scales_ptx(""), write_only_types=[Int32, Int32],
+    return inline_ptx(_pair_ptx("", True), write_only_types=[Int32, Int32],
                       read_only_args=[two_scales])
 
 
@@ -132,7 +155,7 @@ def scales_to_bf16x2_pre(two_scales: Int32):
     ``scale * 2^119`` is exact in bf16 (e4m3 max 448 < 2^9, so < 2^128; the smallest e4m3,
     2^-9, is a normal bf16, and a power-of-two product of normals stays exact).
     """
-    return inline_ptx(_scales_ptx("0x7B007B00"), write_only_types=[Int32, Int32],
+    return inline_ptx(_pair_ptx(_PRESCALE, True), write_only_types=[Int32, Int32],
                       read_only_args=[two_scales])
 
 

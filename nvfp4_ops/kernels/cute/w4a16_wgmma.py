@@ -106,12 +106,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from nvfp4_ops.kernels.cute import streamk
 from nvfp4_ops.kernels.cute.fp4_ptx import (
+    bf16x2_halves,
     decode_word_pair4,
     decode_word_pair4_2s,
     decode_word_wperm,
     decode_word_wperm_2s,
     ld_shared_v4_at,
-    scales_to_bf16x2_pre,
+    scale_pair_pre,
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
     EPILOGUES,
@@ -983,9 +984,9 @@ class W4A16WgmmaGemm:
         frags, raw, scl, sc)``: its B fragments of the activation ring, the fp32 accumulators
         (64 A rows x ``block_m`` tokens per warpgroup; not zeroed), the A-fragment buffers
         ``[chunk buffer][k16 step]``, and the next chunk's raw weight words (rows lo, hi), its
-        block scales as bf16x2 and the raw scale words ``[lo, hi] x [this, next tile]``, loaded
-        before the wait for the previous WGMMAs so their latency hides behind it. Sets the MMA
-        to accumulate."""
+        block scales (packed bf16x2 pairs, :meth:`load_chunk`) and the raw scale words
+        ``[lo, hi] x [this, next tile]``, loaded before the wait for the previous WGMMAs so
+        their latency hides behind it. Sets the MMA to accumulate."""
         thr_mma = tiled_mma.get_slice(lt)
         t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
         acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, self.cfg.block_m)),
@@ -994,23 +995,24 @@ class W4A16WgmmaGemm:
         a_shape = tiled_mma.partition_shape_A((64, 16))
         frags = [cute.make_rmem_tensor(a_shape, BFloat16) for _ in range(4)]
         raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
-        scl = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+        scl = cute.make_rmem_tensor(cute.make_layout(2), Int32)
         sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)
         return t_cb, acc, frags, raw, scl, sc
 
     def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
-        """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its two block scales
-        (``kperm``: the lane's one word per row and its one block scale per row; ``wfrag``: the
-        lane's one word per row and both block scales).
+        """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its block scales, as packed
+        bf16x2 pairs ``* 2^119`` (:func:`~nvfp4_ops.kernels.cute.fp4_ptx.scale_pair_pre`;
+        :meth:`decode_mma` splits them next to their use, where the split is free). ``kperm``:
+        the lane's one word per row, ``scl[0]`` = (lo row's scale, hi row's); ``wfrag``: one
+        word per row, ``scl[0]`` / ``scl[1]`` = the lo / hi row's two scales; natural: the
+        rows' four words each, scales as ``wfrag``.
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
         if const_expr(self.cfg.kperm):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
-            s2 = scales_to_bf16x2_pre(_prmt(sc_lo, sc_hi, sel[j]))
-            scl[0] = s2[0]
-            scl[1] = s2[1]
+            scl[0] = scale_pair_pre(_prmt(sc_lo, sc_hi, sel[j]))
             return
         if const_expr(self.cfg.wfrag):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
@@ -1021,12 +1023,8 @@ class W4A16WgmmaGemm:
             for e in range(4):
                 raw[e] = lo[e]
                 raw[4 + e] = hi[e]
-        s_lo2 = scales_to_bf16x2_pre(sc_lo >> (16 * j))
-        s_hi2 = scales_to_bf16x2_pre(sc_hi >> (16 * j))
-        scl[0] = s_lo2[0]
-        scl[1] = s_lo2[1]
-        scl[2] = s_hi2[0]
-        scl[3] = s_hi2[1]
+        scl[0] = scale_pair_pre(sc_lo >> (16 * j))
+        scl[1] = scale_pair_pre(sc_hi >> (16 * j))
 
     def decode_mma(self, tiled_mma, acc, frags, raw, scl, sel, t_cb, stage_idx, j: int):
         """Decode the loaded chunk into A-fragment buffer ``j``, issue its two k16 WGMMAs.
@@ -1036,17 +1034,18 @@ class W4A16WgmmaGemm:
         same register slots as the gathered decode's (step s, half h)."""
         if const_expr(self.cfg.kperm):
             decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
-            d_lo = decode(raw[0], scl[0])
-            d_hi = decode(raw[1], scl[1])
+            s_lo, s_hi = bf16x2_halves(scl[0])
+            d_lo = decode(raw[0], s_lo)
+            d_hi = decode(raw[1], s_hi)
         elif const_expr(self.cfg.wfrag):
             # wfrag word: register j = natural k pair 8j + 2c + {0, 1}, the same slots as the
             # gathered decode's (step s = j // 2 with its block scale, half h = j % 2)
             decode2 = decode_word_wperm_2s if self.cfg.wperm else decode_word_pair4_2s
-            d_lo = decode2(raw[0], scl[0], scl[1])
-            d_hi = decode2(raw[1], scl[2], scl[3])
+            d_lo = decode2(raw[0], *bf16x2_halves(scl[0]))
+            d_hi = decode2(raw[1], *bf16x2_halves(scl[1]))
         else:
-            d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, scl[0], scl[1])
-            d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, scl[2], scl[3])
+            d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, *bf16x2_halves(scl[0]))
+            d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, *bf16x2_halves(scl[1]))
         for s in range(2):
             f32v = cute.recast_tensor(frags[2 * j + s], Int32)
             f32v[0] = d_lo[2 * s]
