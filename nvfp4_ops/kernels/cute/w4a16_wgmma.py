@@ -408,6 +408,22 @@ def _ldg_u32(addr: Int64):
     )
 
 
+def _ldg_u16(addr: Int64):
+    """2-byte read-only global load, zero-extended to 32 bits."""
+    return inline_ptx(
+        "ld.global.nc.u16 {$w0}, [{$r0}];",
+        write_only_types=[Int32],
+        read_only_args=[addr],
+    )
+
+
+def _shfl_quad(value: Int32, src: int):
+    """``value`` of lane ``src`` (static, 0-3) of this lane's quad (lanes ``4g .. 4g + 3``):
+    ``shfl.sync.idx`` with segment mask 0x1c, so the source is a constant, not an address."""
+    return inline_ptx(f"shfl.sync.idx.b32 {{$w0}}, {{$r0}}, {src}, 0x1c03, 0xffffffff;",
+                      write_only_types=[Int32], read_only_args=[value])
+
+
 def _lds_u32_at(addr: Int32, offset: int):
     """4-byte shared-memory load at ``addr + offset`` (a static byte offset)."""
     return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{offset}];",
@@ -755,7 +771,6 @@ class W4A16WgmmaGemm:
         :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
         :meth:`streamk_fixup`. The ring runs on across tiles; a tile's last stage is released
         once its WGMMAs have retired."""
-        cfg = self.cfg
         nb = self.num_boxes
         kt_n = self.k_tiles
         lt = tidx % 128
@@ -767,7 +782,6 @@ class W4A16WgmmaGemm:
         off_lo, off_hi = self.a_row_offsets(wg, wq, grp, quad)
         w_smem = s_w.iterator.toint()
         stage_bytes_w = nb * 1024
-        kb16 = cfg.k // 16
         s_base = w_scale.iterator.toint()
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
@@ -783,11 +797,9 @@ class W4A16WgmmaGemm:
                 k1 = cutlass.min(end - i * kt_n, kt_n)
                 tm = i // n_tiles
                 row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, wq, grp)
-                s_lo = s_base + Int64(row_lo) * Int64(kb16)
-                s_hi = s_base + Int64(row_hi) * Int64(kb16)
+                s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
                 acc.fill(0.0)
-                sc[0] = _ldg_u32(s_lo + Int64(k0 * 4))
-                sc[1] = _ldg_u32(s_hi + Int64(k0 * 4))
+                self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
@@ -795,14 +807,12 @@ class W4A16WgmmaGemm:
                 if k1 - k0 == 1:
                     state, rel = self.tile(pipe, state, rel, *tile_args, True, True)
                 else:
-                    sc[2] = _ldg_u32(s_lo + Int64((k0 + 1) * 4))
-                    sc[3] = _ldg_u32(s_hi + Int64((k0 + 1) * 4))
+                    self.load_scales(sc, 2, s_lo, s_hi, k0 + 1)
                     state, rel = self.tile(pipe, state, rel, *tile_args, True, False)
                     for kt in cutlass.range(k0 + 1, k1 - 1, unroll=1):
                         sc[0] = sc[2]
                         sc[1] = sc[3]
-                        sc[2] = _ldg_u32(s_lo + Int64((kt + 1) * 4))
-                        sc[3] = _ldg_u32(s_hi + Int64((kt + 1) * 4))
+                        self.load_scales(sc, 2, s_lo, s_hi, kt + 1)
                         state, rel = self.tile(pipe, state, rel, *tile_args, False, False)
                     sc[0] = sc[2]
                     sc[1] = sc[3]
@@ -879,8 +889,7 @@ class W4A16WgmmaGemm:
         # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
         kb16 = cfg.k // 16
         s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * kb16)
-        s_lo = s_base + Int64(row_lo) * Int64(kb16)
-        s_hi = s_base + Int64(row_hi) * Int64(kb16)
+        s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
         acc.fill(0.0)
@@ -897,22 +906,19 @@ class W4A16WgmmaGemm:
             state.advance(sk)
             rel.advance(sk)
         n_iter = self.k_tiles // nsplit
-        sc[0] = _ldg_u32(s_lo + Int64(sk * 4))
-        sc[1] = _ldg_u32(s_hi + Int64(sk * 4))
+        self.load_scales(sc, 0, s_lo, s_hi, sk)
         pipe.consumer_wait(state)
         self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                         sc[0], sc[1], 0, sel)
         # first tile (nothing to release yet), middle tiles, last tile (nothing to prefetch)
-        sc[2] = _ldg_u32(s_lo + Int64((sk + nsplit) * 4))
-        sc[3] = _ldg_u32(s_hi + Int64((sk + nsplit) * 4))
+        self.load_scales(sc, 2, s_lo, s_hi, sk + nsplit)
         state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
                                w_smem, stage_bytes_w, off_lo, off_hi, sel, True, False)
         for it in cutlass.range(1, n_iter - 1, unroll=1):
             sc[0] = sc[2]
             sc[1] = sc[3]
             nxt = sk + (it + 1) * nsplit
-            sc[2] = _ldg_u32(s_lo + Int64(nxt * 4))
-            sc[3] = _ldg_u32(s_hi + Int64(nxt * 4))
+            self.load_scales(sc, 2, s_lo, s_hi, nxt)
             state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
                                    w_smem, stage_bytes_w, off_lo, off_hi, sel, False, False)
         sc[0] = sc[2]
@@ -995,17 +1001,42 @@ class W4A16WgmmaGemm:
         a_shape = tiled_mma.partition_shape_A((64, 16))
         frags = [cute.make_rmem_tensor(a_shape, BFloat16) for _ in range(4)]
         raw = cute.make_rmem_tensor(cute.make_layout(8), Int32)
-        scl = cute.make_rmem_tensor(cute.make_layout(2), Int32)
+        scl = cute.make_rmem_tensor(cute.make_layout(3), Int32)
         sc = cute.make_rmem_tensor(cute.make_layout(4), Int32)
         return t_cb, acc, frags, raw, scl, sc
+
+    def scale_rows(self, s_base, row_lo, row_hi, quad):
+        """Global addresses of the block scales this lane loads (plain Python, inlined while
+        tracing): rows lo and hi; with ``wfrag`` one address, the lane's share of its quad's
+        scales (see :meth:`load_scales`), twice."""
+        kb16 = self.cfg.k // 16
+        if const_expr(self.cfg.wfrag):
+            mine = row_lo + (quad // 2) * (row_hi - row_lo)
+            addr = s_base + Int64(mine) * Int64(kb16) + Int64(2 * (quad % 2))
+            return addr, addr
+        return s_base + Int64(row_lo) * Int64(kb16), s_base + Int64(row_hi) * Int64(kb16)
+
+    def load_scales(self, sc, slot: int, s_lo, s_hi, k_tile):
+        """Raw block scales of k tile ``k_tile`` (4 per row) into ``sc[slot]`` / ``sc[slot +
+        1]`` (rows lo / hi). ``wfrag``: the four lanes of a quad share their rows, so each
+        loads one pair: the lo row (quad lanes 0-1) or the hi row (2-3), first or second 32-k
+        chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
+        hands the pairs round by shuffles (plain Python, inlined while tracing)."""
+        if const_expr(self.cfg.wfrag):
+            sc[slot] = _ldg_u16(s_lo + Int64(k_tile * 4))
+        else:
+            sc[slot] = _ldg_u32(s_lo + Int64(k_tile * 4))
+            sc[slot + 1] = _ldg_u32(s_hi + Int64(k_tile * 4))
 
     def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
         """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its block scales, as packed
         bf16x2 pairs ``* 2^119`` (:func:`~nvfp4_ops.kernels.cute.fp4_ptx.scale_pair_pre`;
         :meth:`decode_mma` splits them next to their use, where the split is free). ``kperm``:
         the lane's one word per row, ``scl[0]`` = (lo row's scale, hi row's); ``wfrag``: one
-        word per row, ``scl[0]`` / ``scl[1]`` = the lo / hi row's two scales; natural: the
-        rows' four words each, scales as ``wfrag``.
+        word per row, ``scl[0]`` / ``scl[1]`` = the lo / hi row's two scales, shuffled from the
+        quad lane that converted them (``sc_lo``: this lane's raw pair, read at ``j == 0``;
+        ``scl[2]`` keeps its conversion for ``j == 1``); natural: the rows' four words each,
+        scales as ``wfrag`` but each lane converts its own.
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
@@ -1017,12 +1048,18 @@ class W4A16WgmmaGemm:
         if const_expr(self.cfg.wfrag):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
-        else:
-            lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
-            hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
-            for e in range(4):
-                raw[e] = lo[e]
-                raw[4 + e] = hi[e]
+            # the quad's pairs (lo row chunk 0, chunk 1, hi row chunk 0, chunk 1) sit in its
+            # lanes 0-3 (load_scales): convert this lane's once per tile, keep it in scl[2]
+            if const_expr(j == 0):
+                scl[2] = scale_pair_pre(sc_lo)
+            scl[0] = _shfl_quad(scl[2], j)
+            scl[1] = _shfl_quad(scl[2], 2 + j)
+            return
+        lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
+        hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
+        for e in range(4):
+            raw[e] = lo[e]
+            raw[4 + e] = hi[e]
         scl[0] = scale_pair_pre(sc_lo >> (16 * j))
         scl[1] = scale_pair_pre(sc_hi >> (16 * j))
 
