@@ -424,6 +424,12 @@ def _shfl_quad(value: Int32, src: int):
                       write_only_types=[Int32], read_only_args=[value])
 
 
+def _shfl_quad_from(value: Int32, src: Int32):
+    """:func:`_shfl_quad` with a per-lane source (0-3) held in a register."""
+    return inline_ptx("shfl.sync.idx.b32 {$w0}, {$r0}, {$r1}, 0x1c03, 0xffffffff;",
+                      write_only_types=[Int32], read_only_args=[value, src])
+
+
 def _lds_u32_at(addr: Int32, offset: int):
     """4-byte shared-memory load at ``addr + offset`` (a static byte offset)."""
     return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{offset}];",
@@ -877,9 +883,10 @@ class W4A16WgmmaGemm:
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
         if const_expr(cfg.kperm):
             # this lane's 4 bytes of a 32-k row chunk hold k 8c .. 8c+7: block scale 2j + c/2 of
-            # the tile for chunk j, picked from the lo and hi rows' scale words by one prmt
+            # the tile for chunk j. Quad lane c converts the (lo, hi) pair of block c (one prmt
+            # of the rows' scale words); chunk j takes it from quad lane 2j + c/2 (load_chunk)
             q2 = quad // 2
-            sel = (q2 | ((q2 + 4) << 4), (2 + q2) | ((6 + q2) << 4))
+            sel = (q2, 2 + q2, quad | ((quad + 4) << 4))
 
         row_lo, row_hi = self.a_weight_rows(bidx, rq, wq, grp)
         w_smem = s_w.iterator.toint()
@@ -1032,7 +1039,9 @@ class W4A16WgmmaGemm:
         """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its block scales, as packed
         bf16x2 pairs ``* 2^119`` (:func:`~nvfp4_ops.kernels.cute.fp4_ptx.scale_pair_pre`;
         :meth:`decode_mma` splits them next to their use, where the split is free). ``kperm``:
-        the lane's one word per row, ``scl[0]`` = (lo row's scale, hi row's); ``wfrag``: one
+        the lane's one word per row, ``scl[0]`` = (lo row's scale, hi row's), shuffled from the
+        quad lane that converted that block's pair (``sel``: the source lanes of chunks 0 and
+        1, and this lane's own prmt selector; ``scl[2]`` keeps its conversion); ``wfrag``: one
         word per row, ``scl[0]`` / ``scl[1]`` = the lo / hi row's two scales, shuffled from the
         quad lane that converted them (``sc_lo``: this lane's raw pair, read at ``j == 0``;
         ``scl[2]`` keeps its conversion for ``j == 1``); natural: the rows' four words each,
@@ -1043,7 +1052,9 @@ class W4A16WgmmaGemm:
         if const_expr(self.cfg.kperm):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
-            scl[0] = scale_pair_pre(_prmt(sc_lo, sc_hi, sel[j]))
+            if const_expr(j == 0):
+                scl[2] = scale_pair_pre(_prmt(sc_lo, sc_hi, sel[2]))
+            scl[0] = _shfl_quad_from(scl[2], sel[j])
             return
         if const_expr(self.cfg.wfrag):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
