@@ -55,8 +55,9 @@ WGMMA_SWEEP = {f"wg {bm}:{r}:{sk} st{st}": (bm, r, sk, st) for bm, r, sk, st in 
 WGMMA_STREAMK = {f"wg {bm}:{r} st{st} sk{sk}": (bm, r, st, sk) for bm, r, st, sk in (
     (128, 3, 6, 1), (128, 3, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1), (128, 1, 4, 2),
     (128, 1, 4, 1), (256, 2, 6, 1), (64, 2, 4, 1), (64, 1, 4, 2),
-    (16, 1, 6, 2), (16, 1, 6, 3), (16, 1, 4, 3), (16, 1, 4, 4), (32, 1, 6, 2),
-    (32, 1, 4, 3))}
+    (16, 1, 6, 2), (16, 1, 6, 3), (16, 1, 4, 3), (16, 1, 4, 4), (16, 1, 5, 3),
+    (16, 1, 8, 3), (16, 1, 8, 2), (32, 1, 6, 2), (32, 1, 4, 3), (32, 1, 5, 3), (32, 1, 6, 3),
+    (32, 1, 8, 3), (32, 1, 8, 2))}
 #: ``--sweep small``: at 16-32-token tiles, ``mma.sync`` variants (``GemmConfig`` fields) and
 #: the small WGMMA tiles ``(row_wgs, split_k, stages)``, on wfrag + wperm weights
 MMA_SWEEP = {
