@@ -312,7 +312,7 @@ def test_ops_with_prepared_weights_on_gpu(m):
 
 def test_wfrag_dispatch_small_tiles_by_width():
     """Dense 16 / 32-token tiles on wfrag weights: the stream-K WGMMA tile where every CTA gets
-    >= 64 k tiles (bias allowed; at 16 tokens only with N >= 16896), else the one-warpgroup
+    >= 64 k tiles (bias allowed; 6 stages, 3 CTAs per SM), else the one-warpgroup
     6-stage tile once its 64-row blocks fill two waves of SMs (N >= 16896), ``mma.sync``
     below that or on checkpoint-order weights. 128-token tiles: stream-K with two row
     warpgroups up to two token tiles."""
@@ -327,10 +327,7 @@ def test_wfrag_dispatch_small_tiles_by_width():
         for n, k in ((18432, 7168), (7168, 18432)):
             for bias in (False, True):
                 cfg = L.choose_config(n, k, bm, "none", bias, False, 1, wfrag=True, wperm=True)
-                if bm == 16 and n == 7168:  # narrow: mma.sync
-                    assert type(cfg).__name__ == "GemmConfig" and cfg.wfrag
-                    continue
-                assert tile(cfg) == (bm, 1, 1, 4, 3) and cfg.has_bias == bias
+                assert tile(cfg) == (bm, 1, 1, 6, 3) and cfg.has_bias == bias
         # too little K per CTA for stream-K: the wide tile, or mma.sync when narrow too
         wide = L.choose_config(18432, 1024, bm, "none", False, False, 1, wfrag=True, wperm=True)
         assert tile(wide) == (bm, 1, 1, 6, 0)

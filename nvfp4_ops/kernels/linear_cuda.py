@@ -126,7 +126,7 @@ def config_family(cfg) -> str:
 
 #: stream-K WGMMA tiles for dense problems on ``wfrag`` weights (:func:`_streamk_tile`):
 #: ``block_m -> (row_wgs, stages, CTAs per SM)``
-STREAMK_TILES = {16: (1, 4, 3), 32: (1, 4, 3), 128: (2, 8, 1)}
+STREAMK_TILES = {16: (1, 6, 3), 32: (1, 6, 3), 128: (2, 8, 1)}
 #: stream-K is used when every CTA gets at least this many 64-k tiles (the fix-up of partial
 #: tiles is then a small part of its work; both shapes measured have 81-122)
 STREAMK_MIN_K_TILES = 64
@@ -135,9 +135,9 @@ STREAMK_MIN_K_TILES = 64
 def _streamk_tile(cfg, m_tiles: int | None):
     """The stream-K WGMMA tile (``WgmmaConfig.streamk``: every SM gets the same share of the
     (output tile, k tile) units) for a dense ``none`` problem (bias allowed) on ``wfrag``
-    weights at 32 tokens, 16 tokens on wide layers (N >= 2 * 64 * SMs; both in place of
-    ``mma.sync`` or the wide one-tile-per-CTA tile) or 128 tokens with at most two token
-    tiles, when each CTA gets >= :data:`STREAMK_MIN_K_TILES` k tiles; else None.
+    weights at 16 or 32 tokens (in place of ``mma.sync`` or the wide one-tile-per-CTA tile)
+    or 128 tokens with at most two token tiles, when each CTA gets >=
+    :data:`STREAMK_MIN_K_TILES` k tiles; else None.
 
     H200, median µs on wfrag + wperm weights (benchmarks/results/h200_2026-12-01_s9/:
     ``grid/grid_v2.log`` and ``sk_wgmma/ab_final.log`` after the loop fix, ``sk_wgmma/
@@ -146,9 +146,14 @@ def _streamk_tile(cfg, m_tiles: int | None):
       row warpgroups (96 CTAs, the previous choice); (7168, 18432) 67.7 vs 76.3 for ``r1 s2``;
     * M = 199: 117.2 vs 121.0 (``r2 s2``) at (7168, 18432); before the fix 127.7 vs 141.1
       (r3) at (18432, 7168);
-    * M = 16, one row warpgroup, 4 stages, 396 CTAs: (18432, 7168) 43.1 vs 49.3 for the
-      6-stage one-tile-per-CTA tile; (7168, 18432) 44.0 vs 42.2 for ``mma.sync`` (kept);
-    * M = 32 (before the fix): 52.0 vs 75.0 (``mma.sync``) and 50.7 vs 52.2.
+    * M = 16, one row warpgroup, 396 CTAs: (18432, 7168) 43.1 vs 49.3 for the 6-stage
+      one-tile-per-CTA tile; (7168, 18432) 44.0 vs 42.2 for ``mma.sync`` with 4 stages (s9).
+      With the quad-shared block scales (s11, ``h200_2026-12-01_s11/ab_small_*.log``, two
+      runs): 6 stages 41.0 / 41.0 vs ``mma.sync`` 42.0 / 41.9 at (7168, 18432), so the
+      stream-K tile now takes N = 7168 too; 39.8 / 39.8 vs 4 stages 41.5 / 41.5 at
+      (18432, 7168); 5 and 8 stages within 0.3 of 6;
+    * M = 32: (7168, 18432) 6 stages 44.6 / 44.4 vs 4 stages 45.1 / 45.3 vs ``mma.sync``
+      74.7 / 74.4; (18432, 7168) 42.7 / 42.6 vs 44.4 / 44.3 (s11).
     """
     if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
         return None
@@ -160,8 +165,6 @@ def _streamk_tile(cfg, m_tiles: int | None):
     row_wgs, stages, per_sm = STREAMK_TILES[cfg.block_m]
     if cfg.n % (64 * row_wgs) != 0 or not wg.supported(cfg.n, cfg.k):
         return None
-    if cfg.block_m == 16 and cfg.n < 2 * 64 * wg.NUM_SMS:
-        return None  # mma.sync is as fast there (see below)
     tile = wg.WgmmaConfig(cfg.n, cfg.k, "none", cfg.has_bias, False, cfg.block_m, row_wgs, 1,
                           stages, wfrag=True, streamk=per_sm)
     _, units = tile.streamk_units(m_tiles * cfg.block_m)
