@@ -17,6 +17,7 @@ from cutlass.cute.arch import inline_ptx
 from nvfp4_ops.kernels.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
 
 __all__ = [
+    "bf16x2_halves",
     "decode_reg_pair4",
     "decode_reg_wperm",
     "decode_word_lut",
@@ -30,7 +31,6 @@ __all__ = [
     "ld_u16_at",
     "ld_v4",
     "ld_v4_at",
-    "bf16x2_halves",
     "mma_m16n8k16",
     "scale_pair_pre",
     "scales_to_bf16x2",

@@ -112,6 +112,7 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_wperm,
     decode_word_wperm_2s,
     ld_shared_v4_at,
+    ld_u16,
     scale_pair_pre,
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
@@ -403,15 +404,6 @@ def _ldg_u32(addr: Int64):
     """4-byte read-only global load."""
     return inline_ptx(
         "ld.global.nc.b32 {$w0}, [{$r0}];",
-        write_only_types=[Int32],
-        read_only_args=[addr],
-    )
-
-
-def _ldg_u16(addr: Int64):
-    """2-byte read-only global load, zero-extended to 32 bits."""
-    return inline_ptx(
-        "ld.global.nc.u16 {$w0}, [{$r0}];",
         write_only_types=[Int32],
         read_only_args=[addr],
     )
@@ -1030,7 +1022,7 @@ class W4A16WgmmaGemm:
         chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
         if const_expr(self.cfg.wfrag):
-            sc[slot] = _ldg_u16(s_lo + Int64(k_tile * 4))
+            sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
         else:
             sc[slot] = _ldg_u32(s_lo + Int64(k_tile * 4))
             sc[slot + 1] = _ldg_u32(s_hi + Int64(k_tile * 4))
