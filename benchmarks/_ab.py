@@ -72,7 +72,9 @@ def alternate_cases(cases: dict[str, dict[str, Callable[[], object]]], rounds: i
 def linear_config(n: int, k: int, num_tokens: int, prepared: bool = True):
     """The config ``nvfp4::linear`` launches for ``num_tokens`` tokens on ``[n, k]`` weights
     (``prepared``: by ``to_wfrag_``, read as wfrag + wperm), from whichever ``nvfp4_ops`` this
-    process imported: the token tile and ``m_tiles`` as ``grouped_w4a16_gemm`` derives them."""
+    process imported: the token tile and ``m_tiles`` as ``grouped_w4a16_gemm`` derives them.
+    Written out with the older API on purpose (``linear_cuda.linear_config`` is newer):
+    ``dev_ab_tree`` runs it against baseline trees that predate that function."""
     from nvfp4_ops.kernels import linear_cuda as L
 
     bm = L.block_m_for_tokens(num_tokens)

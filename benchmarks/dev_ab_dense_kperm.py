@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             xp = x.index_select(1, idx)
             bm = L.block_m_for_tokens(m)
-            base = L.choose_config(n, k, bm, "none", False, False,
-                                   min(-(-m // bm), L._m_tiles_cap()))
+            base = L.linear_config(n, k, m)
             if L.config_family(base) == "w4a16_wgmma":
                 kp = dataclasses.replace(base, kperm=True)
             elif bm in (16, 32):

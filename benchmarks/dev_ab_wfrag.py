@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def configs(n: int, k: int, m: int) -> dict:
         bm = L.block_m_for_tokens(m)
-        base = L.choose_config(n, k, bm, "none", False, False,
-                               min(-(-m // bm), L._m_tiles_cap()))
+        base = L.linear_config(n, k, m)
         cfgs = {"natural": (base, False), "wfrag": (dataclasses.replace(base, wfrag=True), False),
                 "wfrag+wperm": (dataclasses.replace(base, wfrag=True, wperm=True), True)}
         if bm in (16, 32):

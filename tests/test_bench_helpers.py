@@ -148,3 +148,17 @@ def test_dev_sass_moe_cases_are_the_ops_grouped_configs():
             "swiglu" if "gate/up" in label else "row_scale")
         assert cfg.kperm == linear_cuda.grouped_kperm(shape.hidden, shape.intermediate,
                                                       cfg.block_m)
+
+
+def test_ab_linear_config_is_the_ops_choice():
+    """``_ab.linear_config`` (older API, for baseline trees) picks what ``nvfp4::linear``
+    launches (``linear_cuda.linear_config``) at every token tile, prepared or not."""
+    import _ab
+
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    for n, k in ((7168, 18432), (18432, 7168), (4096, 4096)):
+        for m in (1, 16, 32, 64, 128, 199, 1024, 8192):
+            for prepared in (False, True):
+                want = L.linear_config(n, k, m, wfrag=prepared)
+                assert _ab.linear_config(n, k, m, prepared) == want, (n, k, m, prepared)

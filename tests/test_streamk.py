@@ -127,9 +127,7 @@ def test_dispatched_streamk_configs_compile():
     names = set()
     for n, k in ((7168, 18432), (18432, 7168)):
         for m in (16, 32, 128, 199):
-            bm = L.block_m_for_tokens(m)
-            cfg = L.choose_config(n, k, bm, "none", m == 199, False, -(-m // bm), wfrag=True,
-                                  wperm=True)
+            cfg = L.linear_config(n, k, m, has_bias=m == 199, wfrag=True)
             assert cfg.streamk > 0, cfg.name
             if cfg.name not in names:
                 names.add(cfg.name)

@@ -141,7 +141,7 @@ def _base_config(family: str, n: int, k: int, m: int):
     bm = L.block_m_for_tokens(m)
     if family == "wgmma_r1":
         return w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4)
-    return L.choose_config(n, k, bm, "none", False, False, min(-(-m // bm), L._m_tiles_cap()))
+    return L.linear_config(n, k, m)
 
 
 def _triple(base):

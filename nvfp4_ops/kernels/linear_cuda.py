@@ -148,7 +148,7 @@ def _streamk_tile(cfg, m_tiles: int | None):
       (r3) at (18432, 7168);
     * M = 16, one row warpgroup, 396 CTAs: (18432, 7168) 43.1 vs 49.3 for the 6-stage
       one-tile-per-CTA tile; (7168, 18432) 44.0 vs 42.2 for ``mma.sync`` with 4 stages (s9).
-      With the quad-shared block scales (s11, ``h200_2026-12-01_s11/ab_small_*.log``, two
+      With the quad-shared block scales (s11, ``h200_2026-12-01_s11/ab/ab_small_*.log``, two
       runs): 6 stages 41.0 / 41.0 vs ``mma.sync`` 42.0 / 41.9 at (7168, 18432), so the
       stream-K tile now takes N = 7168 too; 39.8 / 39.8 vs 4 stages 41.5 / 41.5 at
       (18432, 7168); 5 and 8 stages within 0.3 of 6;
@@ -484,11 +484,29 @@ def grouped_w4a16_gemm(
         raise ValueError("tile_rows must be int32 shaped like tile_expert (grouped calls only)")
     if num_rows == 0:
         return
-    m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(tile_expert is not None))
-    cfg = choose_config(n, k, block_m, epilogue, bias is not None, tile_expert is not None,
-                        m_tiles, kperm, pdl and tile_expert is not None, wperm, wfrag)
+    cfg = launch_config(n, k, num_rows, block_m, epilogue, bias is not None,
+                        tile_expert is not None, kperm, pdl, wperm, wfrag)
     _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
             tile_rows)
+
+
+def launch_config(n: int, k: int, num_rows: int, block_m: int, epilogue: str = "none",
+                  has_bias: bool = False, grouped: bool = False, kperm: bool = False,
+                  pdl: bool = False, wperm: bool = False, wfrag: bool = False):
+    """The config :func:`grouped_w4a16_gemm` launches for ``num_rows`` rows in ``block_m``
+    tiles (arguments as there; ``pdl`` applies to grouped calls only): :func:`choose_config`
+    with the token-tile count clamped by :func:`_m_tiles_cap`. Static sizes only."""
+    m_tiles = min(-(-num_rows // block_m), _m_tiles_cap(grouped))
+    return choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles, kperm,
+                         pdl and grouped, wperm, wfrag)
+
+
+def linear_config(n: int, k: int, num_tokens: int, has_bias: bool = False,
+                  wfrag: bool = False):
+    """The config ``nvfp4::linear`` launches on CUDA for ``num_tokens`` rows of ``[n, k]``
+    weights (``wfrag``: prepared by ``nvfp4::to_wfrag_``, read as wfrag + wperm)."""
+    return launch_config(n, k, num_tokens, block_m_for_tokens(num_tokens), "none", has_bias,
+                         wperm=wfrag, wfrag=wfrag)
 
 
 def _launch(cfg, a, tile_expert, w, w_scale, w_global, out, swiglu_limit, row_scale, bias,
