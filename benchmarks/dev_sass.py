@@ -122,12 +122,12 @@ def loops(sass: str) -> list[dict]:
 
 def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str, object]]:
     """``(label, config)`` of ``nvfp4::linear`` at each shape ``NxK`` and token count."""
-    import _ab
+    from nvfp4_ops.kernels import linear_cuda as L
 
     out = []
     for nk in nks:
         n, k = (int(v) for v in nk.split("x"))
-        out += [(f"{n}x{k} M={m}", _ab.linear_config(n, k, m, prepared)) for m in ms]
+        out += [(f"{n}x{k} M={m}", L.linear_config(n, k, m, wfrag=prepared)) for m in ms]
     return out
 
 
