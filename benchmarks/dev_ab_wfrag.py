@@ -41,6 +41,9 @@ import _ab  # noqa: E402
 STREAM_SWEEP = {
     "st6": dict(stages=6), "st8": dict(stages=8), "wk8 u1": dict(warps_k=8, steps=1),
     "wk8 u1 st6": dict(warps_k=8, steps=1, stages=6), "wk2 u4": dict(warps_k=2, steps=4),
+    "t2": dict(tma2d=True), "t2 st3": dict(tma2d=True, stages=3),
+    "t2 st6": dict(tma2d=True, stages=6), "t2 rows8": dict(tma2d=True, rows8=True),
+    "t2 wk8 u1": dict(tma2d=True, warps_k=8, steps=1),
     "rows8": dict(rows8=True), "rg2": dict(row_groups=2), "ctas264": dict(ctas=264),
     "ctas396": dict(ctas=396), "rows8 ctas528": dict(rows8=True, ctas=528),
 }

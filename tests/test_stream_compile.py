@@ -129,6 +129,11 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096, ctas=-1),
         dict(n=4096, k=4096, kperm=True),  # pair-order activations: grouped problems only
         dict(n=4096, k=4096, pdl=True),  # launch overlap: the MoE chain's grouped GEMMs only
+        # tma2d: dense, non-SwiGLU, one CTA per item, even warps_k
+        dict(n=4096, k=4096, tma2d=True, epilogue="swiglu"),
+        dict(n=4096, k=4096, tma2d=True, grouped=True),
+        dict(n=4096, k=4096, tma2d=True, ctas=264),
+        dict(n=4096, k=4096, tma2d=True, warps_k=1, steps=4),
     ]
     for kw in bad:
         with pytest.raises(ValueError):
@@ -136,3 +141,27 @@ def test_bad_configs_rejected():
     assert not w4a16_stream.supported(4096, 4096 + 128)
     with pytest.raises(ValueError):
         w4a16_stream.choose_config(4096, 4096 + 128, 8)
+
+
+@pytest.mark.parametrize("n,k", LINEAR)
+def test_tma2d_fills_a_stage_with_two_tensor_copies(n, k, tmp_path):
+    """``tma2d``: the dispatched M = 1 config on prepared weights loads each stage with two 3D
+    TMA tensor copies (codes, scales) instead of two bulk copies per weight row, with the same
+    MMAs; without the flag the kernel is unchanged (bulk copies, no tensor copy)."""
+    import dataclasses
+
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    base = L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True)
+    t2 = dataclasses.replace(base, tma2d=True)
+    assert t2.name.endswith("_t2_sm_90a") and t2.stage_bytes == 16 * (t2.kc // 2 + t2.kc // 16)
+    counts = {}
+    for name, cfg in (("base", base), ("t2", t2)):
+        text = kernel_ptx(cfg, tmp_path / name)
+        counts[name] = {op: text.count(op) for op in (
+            "cp.async.bulk.tensor.3d", "cp.async.bulk.shared::cluster.global", "mma.sync")}
+    assert counts["base"]["cp.async.bulk.tensor.3d"] == 0
+    assert counts["base"]["cp.async.bulk.shared::cluster.global"] > 0
+    assert counts["t2"]["cp.async.bulk.tensor.3d"] == 2
+    assert counts["t2"]["cp.async.bulk.shared::cluster.global"] == 0
+    assert counts["t2"]["mma.sync"] == counts["base"]["mma.sync"] > 0

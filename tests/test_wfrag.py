@@ -201,6 +201,36 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     assert torch.equal(got, got_wp)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", NKS)
+@pytest.mark.parametrize("m,rows8", [(1, False), (7, False), (1, True)])
+def test_stream_tma2d_bitwise_on_gpu(nk, m, rows8):
+    """The streamed kernel with ``tma2d`` (two TMA tensor copies per stage, column-grouped
+    stage layout) on prepared weights: bitwise equal to the same config without it (the same
+    MMAs in the same order), every element written (NaN-poisoned outputs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    n, k = nk
+    gen = torch.Generator(device="cuda").manual_seed(n + 3 * m)
+    w = W.to_wperm(F.to_wfrag(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8,
+                                            device="cuda", generator=gen)))
+    ws = (torch.rand(n, k // 16, device="cuda", generator=gen) * 3 + 2.0**-9).to(
+        torch.float8_e4m3fn)
+    gv = L.per_row_global_view(torch.rand(n, device="cuda", generator=gen) + 0.5, n)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    base = dataclasses.replace(
+        L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True), rows8=rows8)
+    outs = []
+    for cfg in (base, dataclasses.replace(base, tma2d=True)):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        L._launch(cfg, x, None, w[None], ws[None], gv, out, None, None, None)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+
+
 # --- the prepared order through the ops (CPU: the references undo it exactly) -------------
 
 

@@ -52,6 +52,17 @@ of the step, the same per-lane k chunk as w4a16_gemm): each 8-lane phase of the 
 touches two rows 64 bytes apart modulo 128, so the loads are bank-conflict free; likewise the
 2-byte scale loads (8 rows at distinct 16-byte offsets modulo 128).
 
+With ``tma2d`` (dense, non-SwiGLU, one CTA per item) the producer fills a stage with two 3D TMA
+tensor copies instead of two bulk copies per weight row: the codes, viewed as ``(64 bytes, N
+rows, K/128 column groups)``, in a box ``(64, rows, kc/128)``, and the scales, viewed as ``(16
+bytes, N, K/256)``, in a box ``(16, rows, kc/256)``. A stage then holds the codes column group
+by column group (group ``γ`` = one consumer step's 64 bytes per row: ``[kc/128][rows][64]``),
+then the scales (``[kc/256][rows][16]``, warps ``2i`` and ``2i + 1`` sharing a 16-byte group).
+Consumer ``w``'s step ``u`` is group ``warps_k u + w``. An 8-lane phase of its 16-byte code
+loads covers rows ``g`` and ``g + 1`` at 64-byte row stride (128 contiguous bytes), and its
+2-byte scale loads fall on 8 rows x 16 bytes: both conflict free. The MMAs and their order
+are those of the per-row layout, so outputs are bitwise the same.
+
 FP4 decode (``pair4``): a lane's u32 word holds 8 codes of physical k ``p .. p+7`` (code ``j``
 in nibble ``j``). Output register ``j`` (``j = 0..3``) pairs code ``j`` (low bf16) with code
 ``j+4`` (high bf16): ``r = word << (12 - 4j)`` puts both nibbles at bits 12-15 / 28-31 (sign bits
@@ -131,6 +142,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.arch import inline_ptx
+from cutlass.cute.nvgpu import cpasync
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_reg_pair4,
@@ -224,6 +236,11 @@ class StreamConfig(GemmProblem):
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
     wfrag: bool = False
+    #: the producer fills a stage with two TMA tensor copies (all the CTA's codes, all its
+    #: scales) instead of two bulk copies per weight row, into a layout grouped by 64-byte
+    #: column (one consumer step): :attr:`StreamConfig.tma2d` in the module docstring's
+    #: "Shared-memory layout"; dense, non-SwiGLU, one CTA per item, an even ``warps_k``
+    tma2d: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -255,6 +272,10 @@ class StreamConfig(GemmProblem):
         if self.ctas and self.release != "fence":
             # a lagged release never frees an item's last stage: the next item would deadlock
             raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
+        if self.tma2d and (self.grouped or self.epilogue == "swiglu" or self.ctas
+                           or self.warps_k % 2 or self.kperm or self.pdl):
+            raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
+                             "non-persistent configs with an even warps_k")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
 
@@ -281,16 +302,25 @@ class StreamConfig(GemmProblem):
 
     @property
     def w_stride(self) -> int:
+        """Bytes between two weight rows' codes in a stage (``tma2d``: inside a 64-byte
+        column group)."""
+        if self.tma2d:
+            return 64
         wb = self.kc // 2
         return wb + (64 if wb % 128 == 0 else 0)
 
     @property
     def s_stride(self) -> int:
-        return _odd16(self.kc // 16)
+        """Bytes between two weight rows' scales in a stage (``tma2d``: inside a 16-byte
+        column group)."""
+        return 16 if self.tma2d else _odd16(self.kc // 16)
 
     @property
     def stage_bytes(self) -> int:
-        raw = self.rows_phys * (self.w_stride + self.s_stride)
+        if self.tma2d:
+            raw = self.rows_phys * (self.kc // 2 + self.kc // 16)
+        else:
+            raw = self.rows_phys * (self.w_stride + self.s_stride)
         return -(-raw // 128) * 128
 
     @property
@@ -311,7 +341,7 @@ class StreamConfig(GemmProblem):
             f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
             f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}{'_t2' if self.tma2d else ''}_{self.arch}"
         )
 
 
@@ -480,6 +510,89 @@ class W4A16StreamGemm(DirectLaunch):
             return [grid_n, grid_m, 1]
         return [cutlass.min(grid_n * grid_m, self.cfg.ctas), 1, 1]
 
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        w: cute.Tensor,
+        w_scale: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_expert: cute.Tensor,
+        tile_rows: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+        stream,
+    ):
+        """:class:`DirectLaunch`'s launch, or with ``tma2d`` the TMA descriptors of the codes
+        and the scales first (column-group views, :meth:`tma_atoms`) and :meth:`kernel_t2`."""
+        cfg = self.cfg
+        num_rows = a.shape[0]
+        grid_n = cfg.n_out // self.features_per_cta
+        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
+        if const_expr(cfg.tma2d):
+            tma_w, m_w, tma_s, m_s = self.tma_atoms(w, w_scale)
+            kernel = self.kernel_t2(a, tma_w, m_w, tma_s, m_s, w_global, out, tile_rows,
+                                    row_scale, bias, swiglu_limit)
+        else:
+            kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows,
+                                 row_scale, bias, swiglu_limit)
+        kernel.launch(grid=self.grid(grid_n, grid_m), block=[self.threads, 1, 1],
+                      smem=self.launch_smem, stream=stream, use_pdl=cfg.pdl)
+
+    def tma_atoms(self, w, w_scale):
+        """``tma2d``: TMA atoms over ``w`` ``[1, N, K/2]`` viewed as ``(64 bytes, N rows, K/128
+        column groups)`` and ``w_scale`` ``[1, N, K/16]`` as ``(16 bytes, N, K/256)``, one box
+        each per stage: ``(64, rows, kc/128)`` codes and ``(16, rows, kc/256)`` scales, landing
+        column group by column group (plain Python, inlined while tracing)."""
+        cfg = self.cfg
+        r = cfg.rows_phys
+        w3 = cute.make_tensor(w.iterator, cute.make_layout(
+            (64, cfg.n, cfg.k // 128), stride=(1, cfg.k // 2, 64)))
+        s3 = cute.make_tensor(w_scale.iterator, cute.make_layout(
+            (16, cfg.n, cfg.k // 256), stride=(1, cfg.k // 16, 16)))
+        box_w = (64, r, cfg.kc // 128)
+        box_s = (16, r, cfg.kc // 256)
+        tma_w, m_w = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), w3,
+            cute.make_layout(box_w, stride=(1, 64, 64 * r)), box_w)
+        tma_s, m_s = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), s3,
+            cute.make_layout(box_s, stride=(1, 16, 16 * r)), box_s)
+        return tma_w, m_w, tma_s, m_s
+
+    @cute.kernel
+    def kernel_t2(
+        self,
+        a: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        m_w: cute.Tensor,
+        tma_s: cute.CopyAtom,
+        m_s: cute.Tensor,
+        w_global: cute.Tensor,
+        out: cute.Tensor,
+        tile_rows: cute.Tensor,
+        row_scale: cute.Tensor,
+        bias: cute.Tensor,
+        swiglu_limit: Float32,
+    ):
+        """:meth:`kernel` for ``tma2d`` configs (dense, one CTA per item): the producer gets
+        the TMA atoms and views in place of ``w`` / ``w_scale``."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        pipe = smem.allocate(self.pipe_bytes, 128)
+        red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
+        sbase = pipe.toint()
+        acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+        io = (a, m_w, m_s, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc,
+              (tma_w, tma_s, pipe))
+        self.init_barriers(tidx, sbase)
+        self.item(io, tidx, sbase, bidx, bidy, Int32(0), 0)
+        self.finish(tidx, sbase)
+
     @cute.kernel
     def kernel(
         self,
@@ -565,7 +678,7 @@ class W4A16StreamGemm(DirectLaunch):
         "Padding rows"); its K chunks are pipeline chunks ``done .. done + chunks - 1`` of this
         CTA."""
         cfg = self.cfg
-        a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc = io
+        a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc = io[:11]
         warp = tidx // 32
         lane = tidx % 32
         num_rows = a.shape[0]
@@ -573,7 +686,10 @@ class W4A16StreamGemm(DirectLaunch):
         row0 = tile_n * cfg.rows_out
         m0 = tile_m * cfg.block_m
         if warp == cfg.warps_k:
-            self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
+            if const_expr(cfg.tma2d):
+                self.producer_t2(io[11], w, w_scale, tile_n, lane, sbase)
+            else:
+                self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
             if const_expr(cfg.pdl):
                 # the activations, tile_rows and row scales come from earlier kernels
@@ -647,15 +763,58 @@ class W4A16StreamGemm(DirectLaunch):
                               full)
 
     @cute.jit
+    def producer_t2(self, tma, m_w, m_s, tile_n, lane, sbase):
+        """``tma2d``: lane 0 fills stage ``c % stages`` with two TMA copies per K chunk ``c``:
+        the codes box ``(64, rows, kc/128)`` at the stage's start and the scales box ``(16,
+        rows, kc/256)`` after it, on the stage's *full* mbarrier (one CTA per item: the
+        pipeline starts at chunk 0)."""
+        cfg = self.cfg
+        tma_w, tma_s, pipe = tma
+        r = cfg.rows_phys
+        codes = cute.make_tensor(pipe + _BAR_BYTES, cute.make_layout(
+            (64, r, cfg.kc // 128, cfg.stages), stride=(1, 64, 64 * r, cfg.stage_bytes)))
+        scales = cute.make_tensor(pipe + (_BAR_BYTES + r * (cfg.kc // 2)), cute.make_layout(
+            (16, r, cfg.kc // 256, cfg.stages), stride=(1, 16, 16 * r, cfg.stage_bytes)))
+        g_w = cute.local_tile(m_w, (64, r, cfg.kc // 128), (0, None, None))
+        g_s = cute.local_tile(m_s, (16, r, cfg.kc // 256), (0, None, None))
+        t_sw, t_gw = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
+                                           cute.group_modes(codes, 0, 3),
+                                           cute.group_modes(g_w, 0, 3))
+        t_ss, t_gs = cpasync.tma_partition(tma_s, 0, cute.make_layout(1),
+                                           cute.group_modes(scales, 0, 3),
+                                           cute.group_modes(g_s, 0, 3))
+        if lane == 0:
+            for c in cutlass.range(self.chunks, unroll=1):
+                s = c % cfg.stages
+                if c >= cfg.stages:
+                    _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
+                full = sbase + 8 * s
+                _mbar_arrive_expect_tx(full, self.tx_bytes)
+                bar = cute.make_ptr(Int64, full, cute.AddressSpace.smem, assumed_align=8)
+                cute.copy(tma_w, t_gw[(None, tile_n, c)], t_sw[(None, s)], tma_bar_ptr=bar)
+                cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)
+
+    @cute.jit
     def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
         cfg = self.cfg
         k_static = cfg.k
         grp = lane // 4
         quad = lane % 4
         nq = self.num_row_sets
-        # this lane's bytes of weight row g (row set 0), its warp's first step of a chunk
+        # this lane's bytes of weight row g (row set 0), its warp's first step of a chunk, and
+        # the static offsets of its later steps (wcol, scol)
         lane_w = stage0 + grp * cfg.w_stride + quad * 16 + warp * 64
         lane_s = stage0 + cfg.rows_phys * cfg.w_stride + grp * cfg.s_stride + quad * 2 + warp * 8
+        wcol = [64 * cfg.warps_k * u for u in range(cfg.steps)]
+        scol = [8 * cfg.warps_k * u for u in range(cfg.steps)]
+        if const_expr(cfg.tma2d):
+            # column-group-major stage: codes [kc/128][rows][64 B], scales [kc/256][rows][16 B]
+            r = cfg.rows_phys
+            lane_w = stage0 + grp * 64 + quad * 16 + warp * (64 * r)
+            lane_s = (stage0 + r * (cfg.kc // 2) + grp * 16 + quad * 2 + (warp // 2) * (16 * r)
+                      + (warp % 2) * 8)
+            wcol = [cfg.warps_k * u * 64 * r for u in range(cfg.steps)]
+            scol = [cfg.warps_k * u // 2 * 16 * r for u in range(cfg.steps)]
         w_off = []
         s_off = []
         for q in cutlass.range_constexpr(nq):
@@ -685,8 +844,7 @@ class W4A16StreamGemm(DirectLaunch):
             if const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(cfg.steps):
                     kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
-                    self.mma_step(acc, lw, ls, w_off, s_off, 64 * cfg.warps_k * u,
-                                  8 * cfg.warps_k * u, a_row_addr, kb)
+                    self.mma_step(acc, lw, ls, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
             if const_expr(cfg.release == "fence"):
                 # order this warp's shared-memory reads (generic proxy) before the bulk copy
                 # (async proxy) that will overwrite the stage once the producer sees the arrive
