@@ -764,7 +764,7 @@ class W4A16StreamGemm(DirectLaunch):
 
     @cute.jit
     def producer_t2(self, tma, m_w, m_s, tile_n, lane, sbase):
-        """``tma2d``: lane 0 fills stage ``c % stages`` with two TMA copies per K chunk ``c``:
+        """``tma2d``: the warp fills stage ``c % stages`` with two TMA copies per K chunk ``c``:
         the codes box ``(64, rows, kc/128)`` at the stage's start and the scales box ``(16,
         rows, kc/256)`` after it, on the stage's *full* mbarrier (one CTA per item: the
         pipeline starts at chunk 0)."""
@@ -783,16 +783,18 @@ class W4A16StreamGemm(DirectLaunch):
         t_ss, t_gs = cpasync.tma_partition(tma_s, 0, cute.make_layout(1),
                                            cute.group_modes(scales, 0, 3),
                                            cute.group_modes(g_s, 0, 3))
-        if lane == 0:
-            for c in cutlass.range(self.chunks, unroll=1):
-                s = c % cfg.stages
-                if c >= cfg.stages:
-                    _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
-                full = sbase + 8 * s
+        # the whole warp runs the loop: a TMA copy elects its issuing lane (elect.sync over the
+        # full warp, which a lone lane 0 must not execute)
+        for c in cutlass.range(self.chunks, unroll=1):
+            s = c % cfg.stages
+            if c >= cfg.stages:
+                _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
+            full = sbase + 8 * s
+            if lane == 0:
                 _mbar_arrive_expect_tx(full, self.tx_bytes)
-                bar = cute.make_ptr(Int64, full, cute.AddressSpace.smem, assumed_align=8)
-                cute.copy(tma_w, t_gw[(None, tile_n, c)], t_sw[(None, s)], tma_bar_ptr=bar)
-                cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)
+            bar = cute.make_ptr(Int64, full, cute.AddressSpace.smem, assumed_align=8)
+            cute.copy(tma_w, t_gw[(None, tile_n, c)], t_sw[(None, s)], tma_bar_ptr=bar)
+            cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)
 
     @cute.jit
     def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
