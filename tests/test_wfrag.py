@@ -202,8 +202,8 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nk", NKS)
-@pytest.mark.parametrize("m,rows8", [(1, False), (7, False), (1, True)])
+@pytest.mark.parametrize("nk,m,rows8", [((7168, 18432), 1, False), ((7168, 18432), 7, False),
+                                        ((18432, 7168), 1, False), ((4096, 4096), 3, True)])
 def test_stream_tma2d_bitwise_on_gpu(nk, m, rows8):
     """The streamed kernel with ``tma2d`` (two TMA tensor copies per stage, column-grouped
     stage layout) on prepared weights: bitwise equal to the same config without it (the same
