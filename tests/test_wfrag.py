@@ -221,7 +221,8 @@ def test_stream_tma2d_bitwise_on_gpu(nk, m, rows8):
     gv = L.per_row_global_view(torch.rand(n, device="cuda", generator=gen) + 0.5, n)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     base = dataclasses.replace(
-        L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True), rows8=rows8)
+        L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True), rows8=rows8,
+        tma2d=False)
     outs = []
     for cfg in (base, dataclasses.replace(base, tma2d=True)):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -338,6 +339,23 @@ def test_ops_with_prepared_weights_on_gpu(m):
         static_x.copy_(new_x.to(torch.bfloat16))
         graph.replay()
         assert torch.equal(static_y, nvfp4_ops.linear(static_x, prepared, ws, wg, wfrag=True))
+
+
+def test_wfrag_dispatch_stream_tma2d():
+    """Dense 8-token tiles on wfrag weights fill their stages with TMA tensor copies
+    (``tma2d``), bias or not; checkpoint-order weights, the MLP's SwiGLU and grouped (MoE)
+    tiles keep the per-row bulk copies."""
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    for n, k in ((18432, 7168), (7168, 18432), (4096, 4096), (1536, 4096)):
+        for bias in (False, True):
+            cfg = L.choose_config(n, k, 8, "none", bias, False, 1, wfrag=True, wperm=True)
+            assert L.config_family(cfg) == "w4a16_stream" and cfg.tma2d and cfg.wfrag
+        assert not L.choose_config(n, k, 8, "none", False, False, 1).tma2d
+    assert not L.choose_config(4096, 4096, 8, "swiglu", False, False, 1, wfrag=True).tma2d
+    grouped = L.choose_config(4096, 4096, 8, "none", False, True, 4, wfrag=True)
+    assert L.config_family(grouped) == "w4a16_stream" and not grouped.tma2d
 
 
 def test_wfrag_dispatch_small_tiles_by_width():

@@ -110,6 +110,8 @@ def choose_config(n: int, k: int, block_m: int, epilogue: str = "none",
             raise ValueError("wfrag weights are read with natural activations, not kperm")
         cfg = (_streamk_tile(cfg, m_tiles) or _wfrag_small_tile(cfg)
                or dataclasses.replace(cfg, wfrag=True))
+        if _stream_tma2d(cfg):
+            cfg = dataclasses.replace(cfg, tma2d=True)
     if wperm:
         if not reads_wperm(cfg):
             raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
@@ -171,6 +173,17 @@ def _streamk_tile(cfg, m_tiles: int | None):
     if units < STREAMK_MIN_K_TILES * wg.NUM_SMS * per_sm:
         return None
     return tile
+
+
+def _stream_tma2d(cfg) -> bool:
+    """Whether a streamed config on ``wfrag`` weights fills its stages with two TMA tensor
+    copies (``StreamConfig.tma2d``): dense, no epilogue, one CTA per item, an even
+    ``warps_k`` (every dense streamed config). H200, ``dev_ab_wfrag --sweep stream --flush
+    read`` (benchmarks/results/h200_2026-12-01_s12/), median µs, wfrag + wperm weights, per-row
+    bulk copies -> ``tma2d``: M = 1 31.7 -> 28.6 at (7168, 18432), 32.4 -> 31.3 at
+    (18432, 7168); M = 8 41.1 -> 36.8 and 41.9 -> 41.9. Bitwise the same outputs."""
+    return (config_family(cfg) == _STREAM and not cfg.grouped and cfg.epilogue == "none"
+            and not cfg.ctas and cfg.warps_k % 2 == 0 and not cfg.kperm and not cfg.pdl)
 
 
 def _wfrag_small_tile(cfg):
