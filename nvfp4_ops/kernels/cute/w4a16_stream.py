@@ -589,11 +589,6 @@ class W4A16StreamGemm(DirectLaunch):
         acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
         io = (a, m_w, m_s, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc,
               (tma_w, tma_s, pipe))
-        if tidx // 32 == cfg.warps_k:
-            # the producer's descriptors: fetched while the barriers are set up, not at the
-            # first copy (each CTA streams only K / kc chunks)
-            cpasync.prefetch_descriptor(tma_w)
-            cpasync.prefetch_descriptor(tma_s)
         self.init_barriers(tidx, sbase)
         self.item(io, tidx, sbase, bidx, bidy, Int32(0), 0)
         self.finish(tidx, sbase)
