@@ -343,18 +343,21 @@ def test_ops_with_prepared_weights_on_gpu(m):
 
 def test_wfrag_dispatch_stream_tma2d():
     """Dense 8-token tiles on wfrag weights fill their stages with TMA tensor copies
-    (``tma2d``), bias or not; checkpoint-order weights, the MLP's SwiGLU and grouped (MoE)
-    tiles keep the per-row bulk copies."""
+    (``tma2d``), bias or not, where each CTA streams >= 16 K chunks or the CTAs fit one per SM;
+    other widths, checkpoint-order weights, the MLP's SwiGLU and grouped (MoE) tiles keep the
+    per-row bulk copies."""
     pytest.importorskip("cutlass")
     from nvfp4_ops.kernels import linear_cuda as L
 
-    for n, k in ((18432, 7168), (7168, 18432), (4096, 4096), (1536, 4096)):
+    for (n, k), want in ((7168, 18432), True), ((1536, 4096), True), ((2112, 4096), True), \
+                        ((18432, 7168), False), ((4096, 4096), False), ((2128, 4096), False):
         for bias in (False, True):
             cfg = L.choose_config(n, k, 8, "none", bias, False, 1, wfrag=True, wperm=True)
-            assert L.config_family(cfg) == "w4a16_stream" and cfg.tma2d and cfg.wfrag
+            assert L.config_family(cfg) == "w4a16_stream" and cfg.wfrag
+            assert cfg.tma2d == want, (n, k, bias)
         assert not L.choose_config(n, k, 8, "none", False, False, 1).tma2d
-    assert not L.choose_config(4096, 4096, 8, "swiglu", False, False, 1, wfrag=True).tma2d
-    grouped = L.choose_config(4096, 4096, 8, "none", False, True, 4, wfrag=True)
+    assert not L.choose_config(7168, 18432, 8, "swiglu", False, False, 1, wfrag=True).tma2d
+    grouped = L.choose_config(7168, 18432, 8, "none", False, True, 4, wfrag=True)
     assert L.config_family(grouped) == "w4a16_stream" and not grouped.tma2d
 
 

@@ -176,14 +176,25 @@ def _streamk_tile(cfg, m_tiles: int | None):
 
 
 def _stream_tma2d(cfg) -> bool:
-    """Whether a streamed config on ``wfrag`` weights fills its stages with two TMA tensor
-    copies (``StreamConfig.tma2d``): dense, no epilogue, one CTA per item, an even
-    ``warps_k`` (every dense streamed config). H200, ``dev_ab_wfrag --sweep stream --flush
-    read`` (benchmarks/results/h200_2026-12-01_s12/), median µs, wfrag + wperm weights, per-row
-    bulk copies -> ``tma2d``: M = 1 31.7 -> 28.6 at (7168, 18432), 32.4 -> 31.3 at
-    (18432, 7168); M = 8 41.1 -> 36.8 and 41.9 -> 41.9. Bitwise the same outputs."""
-    return (config_family(cfg) == _STREAM and not cfg.grouped and cfg.epilogue == "none"
-            and not cfg.ctas and cfg.warps_k % 2 == 0 and not cfg.kperm and not cfg.pdl)
+    """Whether a dense streamed config on ``wfrag`` weights fills its stages with two TMA
+    tensor copies (``StreamConfig.tma2d``) instead of two bulk copies per weight row: when
+    each CTA streams at least :data:`TMA2D_MIN_CHUNKS` K chunks, or all CTAs fit in one per SM.
+
+    H200, ``bench_linear`` (rotating weight sets, CUDA graphs), median µs over three
+    alternating rounds, bulk copies -> ``tma2d``, M = 1 / 8 (benchmarks/results/
+    h200_2026-12-01_s12/README.md): (7168, 18432) (18 chunks) 29.2-29.6 -> 26.7-26.9 /
+    39.5-39.7 -> 34.9-35.3; (1536, 4096) (96 CTAs) 6.0-6.2 -> 5.3-5.5 / 6.1-6.3 -> 5.7-5.9;
+    but (18432, 7168) (7 chunks, 1152 CTAs) 28.8-29.1 -> 29.4-29.7 / 39.4-39.7 -> 40.3-40.6
+    and (4096, 4096) (4 chunks, 256 CTAs) 7.2-7.4 -> 7.5-7.7. Bitwise the same outputs."""
+    if not (config_family(cfg) == _STREAM and not cfg.grouped and cfg.epilogue == "none"
+            and not cfg.ctas and cfg.warps_k % 2 == 0):
+        return False
+    ctas = cfg.n_out // cfg.rows_out
+    return cfg.k >= TMA2D_MIN_CHUNKS * cfg.kc or ctas <= _kernel_module(_WGMMA).NUM_SMS
+
+
+#: :func:`_stream_tma2d`: K chunks per CTA from which the TMA tensor copies pay
+TMA2D_MIN_CHUNKS = 16
 
 
 def _wfrag_small_tile(cfg):
