@@ -148,3 +148,23 @@ def test_launch_overlap_waits(block_m, tmp_path):
     assert counts == {False: [0, 0], True: [3, 1]}
     with pytest.raises(ValueError):
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, pdl=True)  # dense: no
+
+
+def test_nodecode_diagnostic_keeps_the_wgmmas_and_drops_the_decode(tmp_path):
+    """``decode=False`` (diagnostics, ``dev_ab_wfrag``): the same WGMMAs and ring, no block-scale
+    loads and no decode; refused off the wfrag path; the shipped tile is unchanged by the
+    flag's existence (its own name and PTX)."""
+    import dataclasses
+
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    tile = L.linear_config(7168, 18432, 16, wfrag=True)
+    diag = dataclasses.replace(tile, decode=False)
+    assert diag.name == tile.name.replace("_sm_90a", "_nodec_sm_90a")
+    texts = {name: kernel_ptx(cfg, tmp_path / name) for name, cfg in (("tile", tile),
+                                                                       ("diag", diag))}
+    assert texts["diag"].count("wgmma.mma_async") == texts["tile"].count("wgmma.mma_async") > 0
+    assert texts["tile"].count("ld.global.nc") > texts["diag"].count("ld.global.nc") == 0
+    assert len(texts["diag"]) < len(texts["tile"])
+    with pytest.raises(ValueError, match="wfrag"):
+        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", False, False, 128, 2, 1, 4, decode=False)

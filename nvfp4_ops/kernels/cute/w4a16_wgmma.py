@@ -192,6 +192,10 @@ class WgmmaConfig(GemmProblem):
     #: (output tile, k tile) units evenly (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA
     #: per output tile)
     streamk: int = 0
+    #: diagnostics (``wfrag`` only): False skips the FP4 decode and the block scales; the
+    #: loaded words go to the WGMMAs as they are (wrong outputs). With the same loads, ring and
+    #: WGMMAs, the time is the floor of everything but the decode (``benchmarks/dev_ab_wfrag``)
+    decode: bool = True
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -233,6 +237,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
+        if not self.decode and not self.wfrag:
+            raise ValueError("decode=False (diagnostics) is for wfrag tiles only")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
                              or self.kperm or self.pdl):
             raise ValueError("streamk is for dense 'none' problems (bias allowed) with "
@@ -274,7 +280,7 @@ class WgmmaConfig(GemmProblem):
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
-            f"_{self.arch}"
+            f"{'' if self.decode else '_nodec'}_{self.arch}"
         )
 
     @property
@@ -1021,6 +1027,8 @@ class W4A16WgmmaGemm:
         loads one pair: the lo row (quad lanes 0-1) or the hi row (2-3), first or second 32-k
         chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
+        if const_expr(not self.cfg.decode):
+            return
         if const_expr(self.cfg.wfrag):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
         else:
@@ -1051,6 +1059,8 @@ class W4A16WgmmaGemm:
         if const_expr(self.cfg.wfrag):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+            if const_expr(not self.cfg.decode):
+                return
             # the quad's pairs (lo row chunk 0, chunk 1, hi row chunk 0, chunk 1) sit in its
             # lanes 0-3 (load_scales): convert this lane's once per tile, keep it in scl[2]
             if const_expr(j == 0):
@@ -1077,6 +1087,9 @@ class W4A16WgmmaGemm:
             s_lo, s_hi = bf16x2_halves(scl[0])
             d_lo = decode(raw[0], s_lo)
             d_hi = decode(raw[1], s_hi)
+        elif const_expr(not self.cfg.decode):
+            d_lo = [raw[0]] * 4
+            d_hi = [raw[1]] * 4
         elif const_expr(self.cfg.wfrag):
             # wfrag word: register j = natural k pair 8j + 2c + {0, 1}, the same slots as the
             # gathered decode's (step s = j // 2 with its block scale, half h = j % 2)
