@@ -186,8 +186,7 @@ def _stream_tma2d(cfg) -> bool:
     39.5-39.7 -> 34.9-35.3; (1536, 4096) (96 CTAs) 6.0-6.2 -> 5.3-5.5 / 6.1-6.3 -> 5.7-5.9;
     but (18432, 7168) (7 chunks, 1152 CTAs) 28.8-29.1 -> 29.4-29.7 / 39.4-39.7 -> 40.3-40.6
     and (4096, 4096) (4 chunks, 256 CTAs) 7.2-7.4 -> 7.5-7.7. Bitwise the same outputs."""
-    if not (config_family(cfg) == _STREAM and not cfg.grouped and cfg.epilogue == "none"
-            and not cfg.ctas and cfg.warps_k % 2 == 0):
+    if config_family(cfg) != _STREAM or cfg.epilogue != "none" or not cfg.tma2d_allowed:
         return False
     ctas = cfg.n_out // cfg.rows_out
     return cfg.k >= TMA2D_MIN_CHUNKS * cfg.kc or ctas <= _kernel_module(_WGMMA).NUM_SMS

@@ -135,12 +135,20 @@ class DirectLaunch:
     and define the ``@cute.kernel`` method ``kernel``; a persistent kernel overrides
     :meth:`grid`. A config with a true ``pdl`` field is launched with programmatic dependent
     launch (its kernel must then call ``griddepcontrol.wait`` before reading what the previous
-    kernel wrote)."""
+    kernel wrote). A kernel that takes other arguments (TMA atoms, say) overrides
+    :meth:`make_kernel`."""
 
     def grid(self, grid_n, grid_m):
         """Launch grid for ``grid_n`` feature tiles x ``grid_m`` token tiles (plain Python,
         inlined while tracing; ``grid_m`` is symbolic)."""
         return [grid_n, grid_m, 1]
+
+    def make_kernel(self, a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
+                    swiglu_limit):
+        """The ``@cute.kernel`` to launch, given the interface arguments (plain Python, inlined
+        while tracing): ``kernel`` on them unchanged."""
+        return self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
+                           swiglu_limit)
 
     @cute.jit
     def __call__(
@@ -161,8 +169,8 @@ class DirectLaunch:
         num_rows = a.shape[0]
         grid_n = cfg.n_out // self.features_per_cta
         grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
-        kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias,
-                             swiglu_limit)
+        kernel = self.make_kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows,
+                                  row_scale, bias, swiglu_limit)
         kernel.launch(
             grid=self.grid(grid_n, grid_m),
             block=[self.threads, 1, 1],

@@ -272,12 +272,18 @@ class StreamConfig(GemmProblem):
         if self.ctas and self.release != "fence":
             # a lagged release never frees an item's last stage: the next item would deadlock
             raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
-        if self.tma2d and (self.grouped or self.epilogue == "swiglu" or self.ctas
-                           or self.warps_k % 2 or self.kperm or self.pdl):
+        if self.tma2d and not self.tma2d_allowed:
             raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
                              "non-persistent configs with an even warps_k")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
+
+    @property
+    def tma2d_allowed(self) -> bool:
+        """Whether :attr:`tma2d` may be set: dense, non-SwiGLU, one CTA per item (no ``ctas``,
+        ``kperm`` or ``pdl``), an even ``warps_k`` (two warps share a 16-byte scale group)."""
+        return not (self.grouped or self.epilogue == "swiglu" or self.ctas or self.warps_k % 2
+                    or self.kperm or self.pdl)
 
     @property
     def kc(self) -> int:
@@ -510,36 +516,17 @@ class W4A16StreamGemm(DirectLaunch):
             return [grid_n, grid_m, 1]
         return [cutlass.min(grid_n * grid_m, self.cfg.ctas), 1, 1]
 
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        w: cute.Tensor,
-        w_scale: cute.Tensor,
-        w_global: cute.Tensor,
-        out: cute.Tensor,
-        tile_expert: cute.Tensor,
-        tile_rows: cute.Tensor,
-        row_scale: cute.Tensor,
-        bias: cute.Tensor,
-        swiglu_limit: Float32,
-        stream,
-    ):
-        """:class:`DirectLaunch`'s launch, or with ``tma2d`` the TMA descriptors of the codes
-        and the scales first (column-group views, :meth:`tma_atoms`) and :meth:`kernel_t2`."""
-        cfg = self.cfg
-        num_rows = a.shape[0]
-        grid_n = cfg.n_out // self.features_per_cta
-        grid_m = (num_rows + (cfg.block_m - 1)) // cfg.block_m
-        if const_expr(cfg.tma2d):
+    def make_kernel(self, a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale,
+                    bias, swiglu_limit):
+        """:class:`DirectLaunch`'s kernel, or with ``tma2d`` the TMA descriptors of the codes
+        and the scales (column-group views, :meth:`tma_atoms`) and :meth:`kernel_t2` on them
+        (plain Python, inlined while tracing)."""
+        if const_expr(self.cfg.tma2d):
             tma_w, m_w, tma_s, m_s = self.tma_atoms(w, w_scale)
-            kernel = self.kernel_t2(a, tma_w, m_w, tma_s, m_s, w_global, out, tile_rows,
-                                    row_scale, bias, swiglu_limit)
-        else:
-            kernel = self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows,
-                                 row_scale, bias, swiglu_limit)
-        kernel.launch(grid=self.grid(grid_n, grid_m), block=[self.threads, 1, 1],
-                      smem=self.launch_smem, stream=stream, use_pdl=cfg.pdl)
+            return self.kernel_t2(a, tma_w, m_w, tma_s, m_s, w_global, out, tile_rows,
+                                  row_scale, bias, swiglu_limit)
+        return self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale,
+                           bias, swiglu_limit)
 
     def tma_atoms(self, w, w_scale):
         """``tma2d``: TMA atoms over ``w`` ``[1, N, K/2]`` viewed as ``(64 bytes, N rows, K/128
@@ -562,6 +549,20 @@ class W4A16StreamGemm(DirectLaunch):
             cute.make_layout(box_s, stride=(1, 16, 16 * r)), box_s)
         return tma_w, m_w, tma_s, m_s
 
+    def cta_state(self):
+        """What both kernels start with (plain Python, inlined while tracing): ``(tidx, bidx,
+        bidy, pipe, sbase, red, acc)``: the pipeline's shared memory (barriers, then the
+        stages) as a pointer and its 32-bit address, the split-K reduction buffer and the fp32
+        accumulators."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        pipe = smem.allocate(self.pipe_bytes, 128)
+        red = smem.allocate_tensor(Float32, cute.make_layout(self.cfg.red_len), 16)
+        sbase = pipe.toint()
+        acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+        return tidx, bidx, bidy, pipe, sbase, red, acc
+
     @cute.kernel
     def kernel_t2(
         self,
@@ -579,14 +580,7 @@ class W4A16StreamGemm(DirectLaunch):
     ):
         """:meth:`kernel` for ``tma2d`` configs (dense, one CTA per item): the producer gets
         the TMA atoms and views in place of ``w`` / ``w_scale``."""
-        cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        pipe = smem.allocate(self.pipe_bytes, 128)
-        red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
-        sbase = pipe.toint()
-        acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
+        tidx, bidx, bidy, pipe, sbase, red, acc = self.cta_state()
         io = (a, m_w, m_s, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc,
               (tma_w, tma_s, pipe))
         self.init_barriers(tidx, sbase)
@@ -608,15 +602,8 @@ class W4A16StreamGemm(DirectLaunch):
         swiglu_limit: Float32,
     ):
         cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
+        tidx, bidx, bidy, _, sbase, red, acc = self.cta_state()
         num_rows = a.shape[0]
-
-        smem = cutlass.memory.SmemAllocator()
-        pipe = smem.allocate(self.pipe_bytes, 128)
-        red = smem.allocate_tensor(Float32, cute.make_layout(cfg.red_len), 16)
-        sbase = pipe.toint()
-        acc = cute.make_rmem_tensor(cute.make_layout(self.acc_len), Float32)
         io = (a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc)
 
         if const_expr(cfg.ctas == 0):
