@@ -77,7 +77,12 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: diagnostics, timed but not checked (their outputs are wrong on purpose): the dispatched
 #: tile without the FP4 decode and block scales (``--sweep small``: ``WgmmaConfig.decode``;
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage)
-DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute")
+DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "nosc", "k128 st4 nosc")
+#: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
+BOX_SWEEP = {
+    **{f"k128 st{st} ss": dict(stage_k=128, stages=st, smem_scales=True) for st in (3, 4, 5)},
+    "k128 st4 ss sk4": dict(stage_k=128, stages=4, smem_scales=True, streamk=4),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128, 1024, 8192])
     parser.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168", "4096x4096"],
                         help="weight shapes N x K")
-    parser.add_argument("--sweep", choices=("stream", "small", "wgmma"), action="append",
+    parser.add_argument("--sweep", choices=("stream", "small", "wgmma", "box"), action="append",
                         default=[],
                         help="also time tile variants on wfrag + wperm: streamed ones at "
                              "8-token tiles, mma.sync and small WGMMA ones at 16-32, WGMMA "
-                             "ones at 64-128 (repeatable)")
+                             "ones at 64-128, stream-K WGMMA ones at 16-32 with one weight "
+                             "TMA box per stage (box: WgmmaConfig.wbox) (repeatable)")
     parser.add_argument("--flush", choices=("write", "read"), default="write",
                         help="how L2 is evicted before each replay (bench_moe.l2_flush)")
     parser.add_argument("--jobs", type=int, default=8,
@@ -138,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                 cfgs["dispatch"] = (shipped, True)
                 tries["dispatch nodecode"] = lambda s=shipped: dataclasses.replace(
                     s, decode=False)
+        if "box" in args.sweep and bm in (16, 32, 128):
+            shipped = L.linear_config(n, k, m, wfrag=True)
+            if type(shipped).__name__ == "WgmmaConfig" and shipped.streamk:
+                cfgs["dispatch"] = (shipped, True)
+                tries["dispatch nodecode"] = lambda s=shipped: dataclasses.replace(
+                    s, decode=False)
+                tries.update({name: lambda s=shipped, kw=kw: dataclasses.replace(s, **kw)
+                              for name, kw in BOX_SWEEP.items()})
         if ("small" in args.sweep and bm in (16, 32)) or ("wgmma" in args.sweep
                                                            and bm in (64, 128, 256)):
             tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(

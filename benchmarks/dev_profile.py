@@ -2,8 +2,9 @@
 
 Usage (device): ``ncu --kernel-name regex:W4A16 --launch-skip 2 --launch-count 1 --section ...
 python3 benchmarks/dev_profile.py linear N K M`` (``linear-wfrag``: on prepared weights, as the
-vLLM glue runs it on CUDA), ``... wgmma N K M BLOCK_M ROW_WGS STAGES STREAMK`` (that dense
-WGMMA tile on prepared weights) or ``... grouped N K T EPILOGUE``: the config
+vLLM glue runs it on CUDA), ``... wgmma N K M BLOCK_M ROW_WGS STAGES STREAMK [FIELD=VALUE ...]``
+(that dense WGMMA tile on prepared weights; more ``WgmmaConfig`` fields as ints, e.g.
+``decode=0``) or ``... grouped N K T EPILOGUE``: the config
 is the dispatch's :func:`nvfp4_ops.kernels.linear_cuda.choose_config` choice (``block_m`` and
 ``m_tiles`` from the token count; grouped: k-permuted when the MoE would use it), grouped runs
 use the real top-6 routing over 256 experts.
@@ -25,7 +26,8 @@ def main() -> None:
     kind, n, k, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     wfrag = kind in ("linear-wfrag", "wgmma")  # random bytes: any order is valid data
     if kind == "wgmma":
-        run_tile(n, k, m, *(int(v) for v in sys.argv[5:9]))
+        extra = {f: int(v) for f, v in (a.split("=") for a in sys.argv[9:])}
+        run_tile(n, k, m, *(int(v) for v in sys.argv[5:9]), **extra)
         return
     kind = "linear" if wfrag else kind
     epi = sys.argv[5] if len(sys.argv) > 5 else "none"
@@ -61,12 +63,13 @@ def main() -> None:
 
 
 def run_tile(n: int, k: int, m: int, block_m: int, row_wgs: int, stages: int,
-             streamk: int) -> None:
-    """A dense WGMMA tile (``none`` epilogue) on random wfrag + wperm weights, 4 launches."""
+             streamk: int, **extra: int) -> None:
+    """A dense WGMMA tile (``none`` epilogue) on random wfrag + wperm weights, 4 launches;
+    ``extra``: more :class:`~nvfp4_ops.kernels.cute.w4a16_wgmma.WgmmaConfig` fields."""
     from nvfp4_ops.kernels.cute.w4a16_wgmma import WgmmaConfig
 
     cfg = WgmmaConfig(n, k, "none", False, False, block_m, row_wgs, 1, stages, wfrag=True,
-                      wperm=True, streamk=streamk)
+                      wperm=True, streamk=streamk, **extra)
     print(cfg.name, flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randint(0, 256, (1, n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)

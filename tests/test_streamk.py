@@ -43,12 +43,16 @@ def test_streamk_split_and_owners(items, per_item, ctas):
     assert all(len(v) <= 2 and len(set(v)) == len(v) for v in slots.values())
 
 
-#: WGMMA (N, K, M, block_m, row_wgs, stages, streamk): the issue's 128-token shapes (three and
-#: two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles (M = 199), and a
-#: narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k tiles)
+#: WGMMA (N, K, M, block_m, row_wgs, stages, streamk[, stage_k]): the issue's 128-token shapes
+#: (three and two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles
+#: (M = 199), a narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k
+#: tiles), and the dispatched 128-k-stage tiles (block scales by TMA)
 WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 6, 3), (7168, 18432, 29, 32, 1, 6, 2),
-               (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1)]
+               (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1),
+               (18432, 7168, 16, 16, 1, 4, 3, 128), (7168, 18432, 13, 16, 1, 4, 3, 128),
+               (7168, 18432, 29, 32, 1, 4, 3, 128), (18432, 7168, 199, 128, 2, 4, 1, 128),
+               (1024, 4096, 77, 128, 2, 4, 1, 128)]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():
@@ -68,11 +72,12 @@ def test_wgmma_streamk_config_compiles_and_errors():
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
 
 
-def _wgmma_pair(n, k, m, bm, r, st, sk, bias):
+def _wgmma_pair(n, k, m, bm, r, st, sk, bias, stage_k=64):
+    """(the one-tile-per-CTA 64-k-stage tile, the stream-K one)"""
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
     base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, st, wfrag=True, wperm=True)
-    return base, dataclasses.replace(base, streamk=sk)
+    return base, dataclasses.replace(base, streamk=sk, stage_k=stage_k)
 
 
 @pytest.mark.gpu
@@ -88,7 +93,7 @@ def test_streamk_matches_tiles_on_gpu(case, bias):
     from nvfp4_ops.kernels import wfrag, wperm
 
     n, k, m = case[:3]
-    base, cfg = _wgmma_pair(*case, bias)
+    base, cfg = _wgmma_pair(*case[:7], bias, *case[7:])
     gen = torch.Generator(device="cuda").manual_seed(n + m)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     w = wperm.to_wperm(wfrag.to_wfrag(w))

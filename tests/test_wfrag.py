@@ -363,25 +363,25 @@ def test_wfrag_dispatch_stream_tma2d():
 
 def test_wfrag_dispatch_small_tiles_by_width():
     """Dense 16 / 32-token tiles on wfrag weights: the stream-K WGMMA tile where every CTA gets
-    >= 64 k tiles (bias allowed; 6 stages, 3 CTAs per SM), else the one-warpgroup
-    6-stage tile once its 64-row blocks fill two waves of SMs (N >= 16896), ``mma.sync``
-    below that or on checkpoint-order weights. 128-token tiles: stream-K with two row
-    warpgroups up to two token tiles."""
+    >= 64 k tiles of 64 (bias allowed; 3 CTAs per SM; 4 stages of 128 k), else the one-warpgroup 6-stage tile once its 64-row blocks fill two waves
+    of SMs (N >= 16896), ``mma.sync`` below that or on checkpoint-order weights. 128-token
+    tiles: stream-K with two row warpgroups up to two token tiles (8 stages of 64 k when
+    K % 128 != 0)."""
     pytest.importorskip("cutlass")
     from nvfp4_ops.kernels import linear_cuda as L
 
     def tile(cfg):
         assert type(cfg).__name__ == "WgmmaConfig" and cfg.wfrag and cfg.wperm
-        return cfg.block_m, cfg.row_wgs, cfg.split_k, cfg.stages, cfg.streamk
+        return cfg.block_m, cfg.row_wgs, cfg.split_k, cfg.stages, cfg.streamk, cfg.stage_k
 
     for bm in (16, 32):
         for n, k in ((18432, 7168), (7168, 18432)):
             for bias in (False, True):
                 cfg = L.choose_config(n, k, bm, "none", bias, False, 1, wfrag=True, wperm=True)
-                assert tile(cfg) == (bm, 1, 1, 6, 3) and cfg.has_bias == bias
+                assert tile(cfg) == (bm, 1, 1, 4, 3, 128) and cfg.has_bias == bias
         # too little K per CTA for stream-K: the wide tile, or mma.sync when narrow too
         wide = L.choose_config(18432, 1024, bm, "none", False, False, 1, wfrag=True, wperm=True)
-        assert tile(wide) == (bm, 1, 1, 6, 0)
+        assert tile(wide) == (bm, 1, 1, 6, 0, 64)
         for args, wfrag in (((4096, 4096, bm, "none", False), True),
                             ((18432, 1024, bm, "none", True), True),
                             ((18432, 7168, bm, "none", False), False)):
@@ -391,9 +391,12 @@ def test_wfrag_dispatch_small_tiles_by_width():
         for m_tiles in (1, 2):
             cfg = L.choose_config(n, k, 128, "none", False, False, m_tiles, wfrag=True,
                                   wperm=True)
-            assert tile(cfg) == (128, 2, 1, 8, 1)
+            assert tile(cfg) == (128, 2, 1, 4, 1, 128)
         assert L.choose_config(n, k, 128, "none", False, False, 3, wfrag=True).streamk == 0
         assert L.choose_config(n, k, 128, "none", False, False, 1).streamk == 0
+    # K % 128 == 64: 64-k stages
+    odd = L.choose_config(18432, 7232, 128, "none", False, False, 1, wfrag=True, wperm=True)
+    assert tile(odd) == (128, 2, 1, 8, 1, 64)
     assert L.choose_config(4096, 4096, 128, "none", False, False, 1, wfrag=True).streamk == 0
     assert L.choose_config(18432, 7168, 128, "swiglu", False, False, 1, wfrag=True).streamk == 0
 

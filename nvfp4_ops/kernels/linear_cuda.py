@@ -127,8 +127,11 @@ def config_family(cfg) -> str:
 
 
 #: stream-K WGMMA tiles for dense problems on ``wfrag`` weights (:func:`_streamk_tile`):
-#: ``block_m -> (row_wgs, stages, CTAs per SM)``
+#: ``block_m -> (row_wgs, stages, CTAs per SM)``, with 64-k stages
 STREAMK_TILES = {16: (1, 6, 3), 32: (1, 6, 3), 128: (2, 8, 1)}
+#: ``block_m ->`` ring stages of the same tiles with 128-k stages (``WgmmaConfig.stage_k``),
+#: used when K % 128 == 0
+STREAMK_WIDE_STAGES = {16: 4, 32: 4, 128: 4}
 #: stream-K is used when every CTA gets at least this many 64-k tiles (the fix-up of partial
 #: tiles is then a small part of its work; both shapes measured have 81-122)
 STREAMK_MIN_K_TILES = 64
@@ -139,7 +142,8 @@ def _streamk_tile(cfg, m_tiles: int | None):
     (output tile, k tile) units) for a dense ``none`` problem (bias allowed) on ``wfrag``
     weights at 16 or 32 tokens (in place of ``mma.sync`` or the wide one-tile-per-CTA tile)
     or 128 tokens with at most two token tiles, when each CTA gets >=
-    :data:`STREAMK_MIN_K_TILES` k tiles; else None.
+    :data:`STREAMK_MIN_K_TILES` 64-k tiles; else None. With K % 128 == 0 the tile streams
+    128-k stages (:data:`STREAMK_WIDE_STAGES`).
 
     H200, median µs on wfrag + wperm weights (benchmarks/results/h200_2026-12-01_s9/:
     ``grid/grid_v2.log`` and ``sk_wgmma/ab_final.log`` after the loop fix, ``sk_wgmma/
@@ -156,6 +160,10 @@ def _streamk_tile(cfg, m_tiles: int | None):
       (18432, 7168); 5 and 8 stages within 0.3 of 6;
     * M = 32: (7168, 18432) 6 stages 44.6 / 44.4 vs 4 stages 45.1 / 45.3 vs ``mma.sync``
       74.7 / 74.4; (18432, 7168) 42.7 / 42.6 vs 44.4 / 44.3 (s11).
+    * 128-k stages (``stage_k=128``, block scales by TMA; session 13, ``h200_2026-12-01_s13/
+      ab/ab_ss2.log``, 4 stages vs the 64-k tiles above, ``dev_ab_wfrag --flush read``):
+      M = 16 37.2 vs 41.0 (7168, 18432), 36.6 vs 39.4 (18432, 7168); M = 32 40.7 vs 44.5,
+      40.0 vs 42.8; M = 128 60.8 vs 67.6, 60.0 vs 64.8. 3 and 5 stages within 1 µs of 4.
     """
     if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
         return None
@@ -172,6 +180,9 @@ def _streamk_tile(cfg, m_tiles: int | None):
     _, units = tile.streamk_units(m_tiles * cfg.block_m)
     if units < STREAMK_MIN_K_TILES * wg.NUM_SMS * per_sm:
         return None
+    if cfg.k % 128 == 0:
+        tile = dataclasses.replace(tile, stage_k=128,
+                                   stages=STREAMK_WIDE_STAGES[cfg.block_m])
     return tile
 
 

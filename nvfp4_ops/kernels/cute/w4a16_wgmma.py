@@ -69,6 +69,21 @@ are summed in K order by the CTA that completes them (:mod:`nvfp4_ops.kernels.cu
 The counters and scratch come in the ``tile_expert`` / ``tile_rows`` arguments, which a dense
 call otherwise leaves as dummies (``linear_cuda.streamk_scratch``).
 
+Wide stages (``stage_k=128``, stream-K ``wfrag`` tiles). A stage holds 128 k: one TMA box of
+``64 * row_wgs`` weight rows x 64 bytes (64-byte swizzle: 16-byte unit ``u`` of row ``r`` at
+``u ^ ((r >> 1) & 3)``, so the 8 rows of a quad-load phase hit distinct banks), two
+``[block_m, 64]`` activation boxes, and the block scales: a ``(rows, 16 bytes)`` box of the
+``[N, K/16]`` scale matrix at column ``16 * (kt // 2)``, which holds this stage's 8 bytes per
+row and its pair's (TMA boxes start on 16 bytes; the pair's are read twice from L2). The
+consumers run :meth:`W4A16WgmmaGemm.tile` twice per stage and read their scale pair from the
+stage with ``ld.shared`` after the stage's wait, instead of ``ld.global`` one tile ahead.
+Why (H200, M = 16, session 13, ``benchmarks/results/h200_2026-12-01_s13``): with the decode
+and the WGMMAs switched off (``decode=False, compute=False``) the 64-k ring alone took
+30.4-32.1 us at (N, K) = (7168, 18432) / (18432, 7168), as long as the tile without the decode
+(30.7-32.5): the ring, 32 bytes per weight row per stage, was the floor. With 128-k stages it
+took 25.9-27.5. The scales' global loads cost 4-5 us more (ncu: the scale conversion waiting
+on them was the most sampled consumer stall). ``bench_linear`` M = 16: 38-39 -> 35.0 us.
+
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
 ``setmaxnreg`` inside the CTA's launch allocation (168 per lane at 384 threads: 40 / 232; 96
@@ -196,6 +211,16 @@ class WgmmaConfig(GemmProblem):
     #: loaded words go to the WGMMAs as they are (wrong outputs). With the same loads, ring and
     #: WGMMAs, the time is the floor of everything but the decode (``benchmarks/dev_ab_wfrag``)
     decode: bool = True
+    #: diagnostics (with ``decode=False``): False also skips the WGMMAs; the consumers only
+    #: read, wait for and free each stage (the floor of the TMA ring at this tile shape)
+    compute: bool = True
+    #: diagnostics (64-k stages): False skips the block scales' global loads (the decode
+    #: multiplies by whatever the registers hold: wrong outputs), to time the decode without
+    #: the loads' latency
+    scales: bool = True
+    #: k per pipeline stage: 64, or 128 for stream-K ``wfrag`` tiles ("Wide stages" in the
+    #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too)
+    stage_k: int = BLOCK_K
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -237,6 +262,11 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
+        if not self.compute and self.decode:
+            raise ValueError("compute=False (diagnostics) needs decode=False")
+        if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
+                                        or not self.wfrag or self.k % self.stage_k):
+            raise ValueError("stage_k 128 is for stream-K wfrag tiles, K % 128 == 0")
         if not self.decode and not self.wfrag:
             raise ValueError("decode=False (diagnostics) is for wfrag tiles only")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
@@ -266,7 +296,8 @@ class WgmmaConfig(GemmProblem):
 
     @property
     def stage_bytes(self) -> int:
-        return self.block_m * BLOCK_K * 2 + self.row_wgs * 64 * (BLOCK_K // 2)
+        scales = self.row_wgs * 64 * 16 if self.stage_k == 128 else 0
+        return self.block_m * self.stage_k * 2 + self.row_wgs * 64 * (self.stage_k // 2) + scales
 
     @property
     def num_stages(self) -> int:
@@ -280,7 +311,9 @@ class WgmmaConfig(GemmProblem):
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
-            f"{'' if self.decode else '_nodec'}_{self.arch}"
+            f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
+            f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
+            f"{'' if self.scales else '_nosc'}_{self.arch}"
         )
 
     @property
@@ -292,7 +325,7 @@ class WgmmaConfig(GemmProblem):
         """``(items, units)`` of a stream-K launch over ``num_rows`` tokens: output tiles and
         (tile, k tile) pairs."""
         items = self.n_out // self.features_per_cta * -(-num_rows // self.block_m)
-        return items, items * (self.k // BLOCK_K)
+        return items, items * (self.k // self.stage_k)
 
 
 def supported(n_out: int, k: int) -> bool:
@@ -428,6 +461,12 @@ def _shfl_quad_from(value: Int32, src: Int32):
                       write_only_types=[Int32], read_only_args=[value, src])
 
 
+def _lds_u16_at(addr: Int32, offset: int):
+    """2-byte shared-memory load at ``addr + offset`` (a static byte offset), zero-extended."""
+    return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
+                      write_only_types=[Int32], read_only_args=[addr])
+
+
 def _lds_u32_at(addr: Int32, offset: int):
     """4-byte shared-memory load at ``addr + offset`` (a static byte offset)."""
     return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{offset}];",
@@ -487,8 +526,12 @@ class W4A16WgmmaGemm:
     def __init__(self, cfg: WgmmaConfig) -> None:
         self.cfg = cfg
         self.stages = cfg.num_stages
-        self.k_tiles = cfg.k // BLOCK_K
-        self.num_boxes = 2 * cfg.row_wgs  # 32-row weight boxes per stage
+        self.k_tiles = cfg.k // cfg.stage_k  # ring stages per output tile
+        self.sub = cfg.stage_k // BLOCK_K  # 64-k activation boxes per stage
+        self.num_boxes = 2 * cfg.row_wgs  # 32-row weight slots per stage
+        # rows per weight TMA box: a slot, or with 128-k stages all of a stage's
+        self.box_rows = 64 * cfg.row_wgs if self.sub > 1 else 32
+        self.box_bytes = cfg.stage_k // 2  # per row
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
         # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
@@ -522,7 +565,8 @@ class W4A16WgmmaGemm:
         bm = cfg.block_m
         # activations: [block_m, 64] bf16 boxes, K-major, 128-byte swizzle (the WGMMA B layout)
         b_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        b_layout = cute.tile_to_shape(b_atom, (bm, BLOCK_K, self.stages), order=(0, 1, 2))
+        b_layout = cute.tile_to_shape(b_atom, (bm, BLOCK_K, self.stages * self.sub),
+                                      order=(0, 1, 2))
         tma_b, m_b = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a, cute.slice_(b_layout, (None, None, 0)),
             (bm, BLOCK_K),
@@ -532,10 +576,21 @@ class W4A16WgmmaGemm:
             w.iterator,
             cute.make_layout((w.shape[0] * cfg.n, cfg.k // 2), stride=(cfg.k // 2, 1)),
         )
-        box_layout = cute.make_layout((32, BLOCK_K // 2), stride=(BLOCK_K // 2, 1))
+        wb = self.box_bytes
+        box_layout = cute.slice_(self.w_layout(1), (None, None, 0))
         tma_w, m_w = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (32, BLOCK_K // 2)
+            cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (self.box_rows, wb)
         )
+        extra = ()
+        if const_expr(self.sub > 1):
+            # block scales as one [G*N, K/16] byte matrix: a 16-byte box per row and stage
+            s2 = cute.make_tensor(
+                w_scale.iterator,
+                cute.make_layout((w.shape[0] * cfg.n, cfg.k // 16), stride=(cfg.k // 16, 1)),
+            )
+            extra = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), s2,
+                cute.make_layout((self.box_rows, 16), stride=(16, 1)), (self.box_rows, 16))
         tiled_mma = cute.make_tiled_mma(
             warpgroup.MmaF16BF16Op(
                 BFloat16, Float32, (64, bm, 16), warpgroup.OperandSource.RMEM,
@@ -556,7 +611,7 @@ class W4A16WgmmaGemm:
             aux = tile_rows
         self.kernel(
             tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, aux, bias,
-            swiglu_limit, tiled_mma, b_layout, num_rows,
+            swiglu_limit, tiled_mma, b_layout, num_rows, *extra,
         ).launch(
             grid=grid,
             block=[self.threads, 1, 1],
@@ -564,6 +619,16 @@ class W4A16WgmmaGemm:
             stream=stream,
             use_pdl=cfg.pdl,
         )
+
+    def w_layout(self, boxes: int):
+        """Shared-memory layout of ``boxes`` weight boxes ``(box_rows, box_bytes)``, row-major;
+        with 128-k stages 64-byte swizzled (16-byte unit ``u`` of row ``r`` at ``u ^ ((r >> 1)
+        & 3)``), so the 8 rows of a load phase fall on distinct banks (plain Python)."""
+        wb = self.box_bytes
+        flat = cute.make_layout((self.box_rows, wb, boxes), stride=(wb, 1, self.box_rows * wb))
+        if self.sub > 1:
+            return cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, flat)
+        return flat
 
     def storage_struct(self, b_layout):
         """The CTA's shared memory as a ``cute.struct``: the full / empty mbarriers, the
@@ -574,8 +639,13 @@ class W4A16WgmmaGemm:
             "bars": cute.struct.MemRange[Int64, 2 * self.stages],
             "s_b": cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024],
             "s_w": cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, self.stages * self.num_boxes * 1024], 128],
+                cute.struct.MemRange[cutlass.Uint8,
+                                     self.stages * self.num_boxes * 1024 * self.sub],
+                1024 if self.sub > 1 else 128],
         }
+        if self.sub > 1:
+            fields["s_s"] = cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, self.stages * self.box_rows * 16], 128]
         if self.cfg.streamk:
             fields["flag"] = cute.struct.MemRange[Int32, 4]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
@@ -607,6 +677,8 @@ class W4A16WgmmaGemm:
         tiled_mma: cute.TiledMma,
         b_layout: cute.ComposedLayout,
         num_rows: Int32,
+        tma_s: cute.CopyAtom = None,
+        m_s: cute.Tensor = None,
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -629,10 +701,15 @@ class W4A16WgmmaGemm:
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
         s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
-        s_w = storage.s_w.get_tensor(
-            cute.make_layout((32, BLOCK_K // 2, self.stages * self.num_boxes),
-                             stride=(BLOCK_K // 2, 1, 1024))
-        )
+        w_layout = self.w_layout(self.stages * self.num_boxes * 32 // self.box_rows)
+        if const_expr(self.sub > 1):
+            s_w = storage.s_w.get_tensor(w_layout.outer, swizzle=w_layout.inner)
+        else:
+            s_w = storage.s_w.get_tensor(w_layout)
+        s_s = None
+        if const_expr(self.sub > 1):
+            s_s = storage.s_s.get_tensor(cute.make_layout(
+                (self.box_rows, 16, self.stages), stride=(16, 1, self.box_rows * 16)))
 
         if const_expr(cfg.streamk > 0):
             # tile_expert: the tile counters, row_scale: the scratch (stream-K's ``aux``)
@@ -640,14 +717,20 @@ class W4A16WgmmaGemm:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                 if warp % 4 == 0:
-                    self.producer_streamk(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows)
+                    self.producer_streamk(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows,
+                                          tma_s, m_s, s_s)
             else:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                 flag = storage.flag.get_tensor(cute.make_layout(4))
-                self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
-                                      swiglu_limit, tile_expert, row_scale, flag, num_rows,
-                                      tidx, wg)
+                if const_expr(not cfg.compute and self.sub > 1):
+                    self.consumer_streamk_floor(pipe, out, w_global, bias, swiglu_limit,
+                                                tile_expert, row_scale, flag, num_rows, tidx,
+                                                wg)
+                else:
+                    self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out,
+                                          bias, swiglu_limit, tile_expert, row_scale, flag,
+                                          num_rows, tidx, wg, s_s)
         elif expert >= 0:
             if wg == cfg.consumers:
                 if const_expr(cfg.uses_setmaxnreg):
@@ -674,7 +757,7 @@ class W4A16WgmmaGemm:
             tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
             cute.group_modes(g_b, 0, 2),
         )
-        g_w = cute.local_tile(m_w, (32, BLOCK_K // 2), (None, None))
+        g_w = cute.local_tile(m_w, (self.box_rows, self.box_bytes), (None, None))
         t_sw, t_gw = cpasync.tma_partition(
             tma_w, 0, cute.make_layout(1), cute.group_modes(s_w, 0, 2),
             cute.group_modes(g_w, 0, 2),
@@ -742,12 +825,19 @@ class W4A16WgmmaGemm:
         return start, end, units, gdim, n_tiles
 
     @cute.jit
-    def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows):
+    def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows, tma_s=None,
+                         m_s=None, s_s=None):
         """:meth:`producer` over this CTA's stream-K units: per output tile (feature tile
         ``i % n_tiles``, token tile ``i // n_tiles``) its k tiles ``k0 .. k1 - 1``."""
         nb = self.num_boxes
         kt_n = self.k_tiles
         t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
+        sub = self.sub
+        if const_expr(sub > 1):
+            g_s = cute.local_tile(m_s, (self.box_rows, 16), (None, None))
+            t_ss, t_gs = cpasync.tma_partition(
+                tma_s, 0, cute.make_layout(1), cute.group_modes(s_s, 0, 2),
+                cute.group_modes(g_s, 0, 2))
         start, end, _, _, n_tiles = self.streamk_work(num_rows)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if end > start:
@@ -759,17 +849,58 @@ class W4A16WgmmaGemm:
                 for kt in cutlass.range(k0, k1, unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    cute.copy(tma_b, t_gb[(None, tm, kt)], t_sb[(None, state.index)],
-                              tma_bar_ptr=bar)
-                    for b in cutlass.range_constexpr(nb):
-                        cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
-                                  t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
+                    for q in cutlass.range_constexpr(sub):
+                        cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
+                                  t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
+                    if const_expr(sub > 1):
+                        # stages kt & ~1 and kt | 1 share a 16-byte box
+                        cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
+                                  tma_bar_ptr=bar)
+                    if const_expr(self.box_rows > 32):
+                        cute.copy(tma_w, t_gw[(None, tn, kt)], t_sw[(None, state.index)],
+                                  tma_bar_ptr=bar)
+                    else:
+                        for b in cutlass.range_constexpr(nb):
+                            cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
+                                      t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                     state.advance()
 
     @cute.jit
+    def consumer_streamk_floor(self, pipe, out, w_global, bias, swiglu_limit, counters,
+                               scratch, flag, num_rows, tidx, wg):
+        """Diagnostics for wide stages (``stage_k=128``, ``compute=False``): the
+        stream-K consumer without loads, decode or WGMMAs; it waits for and frees each stage,
+        then writes zeros through the fix-up and epilogue (the floor of the TMA ring)."""
+        kt_n = self.k_tiles
+        lt = tidx % 128
+        grp = lt % 32 // 4
+        quad = lt % 4
+        acc = cute.make_rmem_tensor(cute.make_layout(self.cfg.block_m // 2), Float32)
+        start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if end > start:
+            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
+                k0 = cutlass.max(start - i * kt_n, 0)
+                k1 = cutlass.min(end - i * kt_n, kt_n)
+                tm = i // n_tiles
+                row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, lt // 32, grp)
+                acc.fill(0.0)
+                for _kt in cutlass.range(k0, k1, unroll=1):
+                    pipe.consumer_wait(state)
+                    pipe.consumer_release(state)
+                    state.advance()
+                finished = Int32(1)
+                if k1 - k0 != kt_n:
+                    finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
+                                                  tidx, wg)
+                if finished != 0:
+                    self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
+                                  num_rows, row_lo, row_hi, quad)
+
+    @cute.jit
     def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
-                         swiglu_limit, counters, scratch, flag, num_rows, tidx, wg):
+                         swiglu_limit, counters, scratch, flag, num_rows, tidx, wg, s_s=None):
         """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
         output tile, its k tiles ``k0 .. k1 - 1`` into zeroed accumulators through
         :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
@@ -785,8 +916,14 @@ class W4A16WgmmaGemm:
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
         off_lo, off_hi = self.a_row_offsets(wg, wq, grp, quad)
         w_smem = s_w.iterator.toint()
-        stage_bytes_w = nb * 1024
+        stage_bytes_w = nb * 1024 * self.sub
         s_base = w_scale.iterator.toint()
+        ss = None
+        if const_expr(self.sub > 1):
+            # this lane's share of its quad's scales (load_scales): the lo row (quad lanes 0-1)
+            # or the hi row (2-3), first or second 32-k chunk; 16 bytes per row per stage
+            srow = 64 * wg + 16 * wq + grp + 8 * (quad // 2)
+            ss = s_s.iterator.toint() + srow * 16 + 2 * (quad % 2)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
 
@@ -803,24 +940,22 @@ class W4A16WgmmaGemm:
                 row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, wq, grp)
                 s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
                 acc.fill(0.0)
-                self.load_scales(sc, 0, s_lo, s_hi, k0)
+                if const_expr(self.sub == 1):
+                    self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
+                if const_expr(self.sub > 1):
+                    sc[0] = _lds_u16_at(self.scale_addr(ss, state.index, k0), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
-                # the k tiles as in :meth:`consumer`: first, middle, last (or a single one)
+                # the stages as in :meth:`consumer`: first, middle, last (or a single one)
+                run = (pipe, tile_args, sc, s_lo, s_hi)
                 if k1 - k0 == 1:
-                    state, rel = self.tile(pipe, state, rel, *tile_args, True, True)
+                    state, rel = self.stage_tiles(*run, state, rel, k0, True, True, ss)
                 else:
-                    self.load_scales(sc, 2, s_lo, s_hi, k0 + 1)
-                    state, rel = self.tile(pipe, state, rel, *tile_args, True, False)
+                    state, rel = self.stage_tiles(*run, state, rel, k0, True, False, ss)
                     for kt in cutlass.range(k0 + 1, k1 - 1, unroll=1):
-                        sc[0] = sc[2]
-                        sc[1] = sc[3]
-                        self.load_scales(sc, 2, s_lo, s_hi, kt + 1)
-                        state, rel = self.tile(pipe, state, rel, *tile_args, False, False)
-                    sc[0] = sc[2]
-                    sc[1] = sc[3]
-                    state, rel = self.tile(pipe, state, rel, *tile_args, False, True)
+                        state, rel = self.stage_tiles(*run, state, rel, kt, False, False, ss)
+                    state, rel = self.stage_tiles(*run, state, rel, k1 - 1, False, True, ss)
                 warpgroup.wait_group(0)
                 # every WGMMA of the tile has retired: free its last stage now (the next tile's
                 # first k tile frees nothing, as in :meth:`tile`)
@@ -833,6 +968,35 @@ class W4A16WgmmaGemm:
                 if finished != 0:
                     self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
                                   num_rows, row_lo, row_hi, quad)
+
+    def stage_tiles(self, pipe, tile_args, sc, s_lo, s_hi, state, rel, kt, first: bool,
+                    last: bool, ss=None):
+        """The ``sub`` 64-k tiles of stream-K stage ``kt`` (:meth:`tile`); before each, the
+        block scales move one tile on (not before the output tile's first) and the next
+        tile's are loaded (not before its last); with 128-k stages (``ss``: this lane's
+        scale address in stage 0) the next tile's come from the stage's scale box instead.
+        Plain Python, inlined while tracing."""
+        sub = self.sub
+        for q in range(sub):
+            if const_expr(sub > 1):
+                if q < sub - 1:
+                    # the stage's next 64-k tile (the box holds stage kt & ~1 and the next)
+                    sc[2] = _lds_u16_at(self.scale_addr(ss, state.index, kt), 4 * (q + 1))
+                state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q,
+                                       (ss, kt + 1))
+                continue
+            if not (first and q == 0):
+                sc[0] = sc[2]
+                sc[1] = sc[3]
+            if not last:
+                self.load_scales(sc, 2, s_lo, s_hi, kt + 1)
+            state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q)
+        return state, rel
+
+    def scale_addr(self, ss, index, kt):
+        """Shared address of this lane's scale pair of stage ``kt`` in ring slot ``index``: the
+        slot's 16-byte row box holds stages ``kt & ~1`` and ``kt | 1`` (plain Python)."""
+        return ss + index * (self.box_rows * 16) + (kt % 2) * 8
 
     @cute.jit
     def streamk_fixup(self, acc, item, counters, scratch, flag, units, gdim, tidx, wg):
@@ -974,6 +1138,11 @@ class W4A16WgmmaGemm:
         rb = BLOCK_K // 2
         off_lo = slot_lo * 1024 + srow_lo * rb
         off_hi = slot_hi * 1024 + srow_hi * rb
+        if const_expr(self.sub > 1):
+            # 64-byte rows, swizzled (w_layout): rows g and g + 8 share the swizzle (g >> 1) & 3
+            row = 64 * rq + 16 * wq + grp
+            off_lo = row * self.box_bytes + ((grp >> 1) & 3) * 16 + 4 * quad
+            return off_lo, off_lo + 8 * self.box_bytes
         if const_expr(self.cfg.kperm or self.cfg.wfrag):
             off_lo = off_lo + 4 * quad
             off_hi = off_hi + 4 * quad
@@ -1027,7 +1196,7 @@ class W4A16WgmmaGemm:
         loads one pair: the lo row (quad lanes 0-1) or the hi row (2-3), first or second 32-k
         chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
-        if const_expr(not self.cfg.decode):
+        if const_expr(not self.cfg.decode or not self.cfg.scales):
             return
         if const_expr(self.cfg.wfrag):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
@@ -1035,7 +1204,8 @@ class W4A16WgmmaGemm:
             sc[slot] = _ldg_u32(s_lo + Int64(k_tile * 4))
             sc[slot + 1] = _ldg_u32(s_hi + Int64(k_tile * 4))
 
-    def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel):
+    def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel,
+                   q: int = 0):
         """Shared-memory words of 32-k chunk ``j`` (rows lo, hi) and its block scales, as packed
         bf16x2 pairs ``* 2^119`` (:func:`~nvfp4_ops.kernels.cute.fp4_ptx.scale_pair_pre`;
         :meth:`decode_mma` splits them next to their use, where the split is free). ``kperm``:
@@ -1057,8 +1227,16 @@ class W4A16WgmmaGemm:
             scl[0] = _shfl_quad_from(scl[2], sel[j])
             return
         if const_expr(self.cfg.wfrag):
-            raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
-            raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+            if const_expr(self.sub > 1):
+                # 32-k chunk 2q + j of the stage: its 16-byte unit, swizzled (w_layout)
+                addr = stage_w + off_lo
+                if const_expr(2 * q + j > 0):
+                    addr = addr ^ ((2 * q + j) * 16)
+                raw[0] = _lds_u32_at(addr, 0)
+                raw[1] = _lds_u32_at(addr, 8 * self.box_bytes)
+            else:
+                raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
+                raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(not self.cfg.decode):
                 return
             # the quad's pairs (lo row chunk 0, chunk 1, hi row chunk 0, chunk 1) sit in its
@@ -1076,12 +1254,15 @@ class W4A16WgmmaGemm:
         scl[0] = scale_pair_pre(sc_lo >> (16 * j))
         scl[1] = scale_pair_pre(sc_hi >> (16 * j))
 
-    def decode_mma(self, tiled_mma, acc, frags, raw, scl, sel, t_cb, stage_idx, j: int):
+    def decode_mma(self, tiled_mma, acc, frags, raw, scl, sel, t_cb, stage_idx, j: int,
+                   q: int = 0):
         """Decode the loaded chunk into A-fragment buffer ``j``, issue its two k16 WGMMAs.
 
         ``kperm``: ``pair4`` word j = physical k ``(8c + j, 8c + j + 4)``, which the permuted
         activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
         same register slots as the gathered decode's (step s, half h)."""
+        if const_expr(not self.cfg.compute):
+            return
         if const_expr(self.cfg.kperm):
             decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
             s_lo, s_hi = bf16x2_halves(scl[0])
@@ -1105,14 +1286,18 @@ class W4A16WgmmaGemm:
             f32v[1] = d_hi[2 * s]
             f32v[2] = d_lo[2 * s + 1]
             f32v[3] = d_hi[2 * s + 1]
+        slot = stage_idx
+        if const_expr(self.sub > 1):
+            slot = stage_idx * self.sub + q  # the stage's activation box q
         warpgroup.fence()
         for s in range(2):
             cute.gemm(tiled_mma, acc, frags[2 * j + s][(None, None, 0)],
-                      t_cb[(None, None, 2 * j + s, stage_idx)], acc)
+                      t_cb[(None, None, 2 * j + s, slot)], acc)
         warpgroup.commit_group()
 
     def tile(self, pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
-             stage_bytes_w, off_lo, off_hi, sel, first: bool, last: bool):
+             stage_bytes_w, off_lo, off_hi, sel, first: bool, last: bool, q: int = 0,
+             ss=None):
         """One 64-k tile of this warpgroup (two chunks); on entry ``raw``/``scl`` hold chunk 0.
 
         Per chunk: decode + WGMMA, then load the next chunk (for chunk 1: wait for this
@@ -1123,18 +1308,25 @@ class W4A16WgmmaGemm:
         nsplit = self.cfg.split_k
         idx = state.index
         stage_w = w_smem + idx * stage_bytes_w
-        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0)
-        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel)
+        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0, q)
+        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel, q)
         warpgroup.wait_group(1)
-        if not first:
+        if not first and q == 0:
             pipe.consumer_release(rel)
             rel.advance(nsplit)
-        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 1)
-        state.advance(nsplit)
-        if not last:
-            pipe.consumer_wait(state)
-            self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
-                            sc[2], sc[3], 0, sel)
+        self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 1, q)
+        if q == self.sub - 1:
+            state.advance(nsplit)
+            if not last:
+                pipe.consumer_wait(state)
+                if const_expr(ss is not None):
+                    # the next stage's first tile's scales, from its scale box
+                    sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
+                self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
+                                sc[2], sc[3], 0, sel)
+        else:
+            # the stage's next 64-k tile: already waited for
+            self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[2], sc[3], 0, sel, q + 1)
         warpgroup.wait_group(1)
         return state, rel
 
