@@ -8,8 +8,10 @@ source .device/prelude.sh
 export NVFP4_OPS_CACHE_DIR=/tmp/nvfp4_cache
 mkdir -p "$OUT/src"
 NCU=/usr/local/cuda/bin/ncu
+ONLY=${1:-}  # optional: profile only the cases whose name contains this
 prof() {  # name, dev_profile args...
   local name=$1; shift
+  [[ -n "$ONLY" && "$name" != *"$ONLY"* ]] && return
   timeout 200 $NCU --clock-control none --kernel-name regex:W4A16 --launch-skip 2 \
     --launch-count 1 --set full -f -o "/tmp/$name" \
     python3 benchmarks/dev_profile.py wgmma "$@" > "$OUT/src/${name}_prof.txt" 2>&1

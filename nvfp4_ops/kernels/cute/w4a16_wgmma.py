@@ -74,15 +74,16 @@ Wide stages (``stage_k=128``, stream-K ``wfrag`` tiles). A stage holds 128 k: on
 ``u ^ ((r >> 1) & 3)``, so the 8 rows of a quad-load phase hit distinct banks), two
 ``[block_m, 64]`` activation boxes, and the block scales: a ``(rows, 16 bytes)`` box of the
 ``[N, K/16]`` scale matrix at column ``16 * (kt // 2)``, which holds this stage's 8 bytes per
-row and its pair's (TMA boxes start on 16 bytes; the pair's are read twice from L2). The
+row and its pair's (a TMA box row is at least 16 bytes; each pair is read twice from L2). The
 consumers run :meth:`W4A16WgmmaGemm.tile` twice per stage and read their scale pair from the
 stage with ``ld.shared`` after the stage's wait, instead of ``ld.global`` one tile ahead.
 Why (H200, M = 16, session 13, ``benchmarks/results/h200_2026-12-01_s13``): with the decode
 and the WGMMAs switched off (``decode=False, compute=False``) the 64-k ring alone took
-30.4-32.1 us at (N, K) = (7168, 18432) / (18432, 7168), as long as the tile without the decode
-(30.7-32.5): the ring, 32 bytes per weight row per stage, was the floor. With 128-k stages it
-took 25.9-27.5. The scales' global loads cost 4-5 us more (ncu: the scale conversion waiting
-on them was the most sampled consumer stall). ``bench_linear`` M = 16: 38-39 -> 35.0 us.
+30.4-32.2 us at (N, K) = (7168, 18432) / (18432, 7168), as long as the tile without the decode
+(30.7-33.2): the ring, 32 bytes per weight row per stage, was the floor. With 128-k stages it
+took 25.9-27.7. The scales' global loads cost 4-5 us more (ncu: the scale conversion waiting
+on them was the most sampled consumer stall after the ring's barrier wait). ``bench_linear``
+M = 16: 38.2-39.3 -> 34.5-35.0 us.
 
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
