@@ -21,7 +21,7 @@ variants alternating for ``--rounds`` rounds; median µs.
 
 Usage: ``python benchmarks/dev_ab_wfrag.py [--ms 1 8 16 32 64 128 1024 8192]
 [--nk 7168x18432 18432x7168 4096x4096] [--reps 20] [--rounds 3]
-[--sweep stream|small|wgmma] [--flush write|read] [--jobs 8] [--out FILE.json]``.
+[--sweep stream|small|wgmma|box] [--flush write|read] [--jobs 8] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -75,13 +75,18 @@ SMALL_WGMMA_SWEEP = {f"wg r{r} s{sk} st{st}": (r, sk, st) for r, sk, st in (
 #: the variants every case has (a wrong one fails the run)
 CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: diagnostics, timed but not checked (their outputs are wrong on purpose): the dispatched
-#: tile without the FP4 decode and block scales (``--sweep small``: ``WgmmaConfig.decode``;
-#: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage)
-DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "nosc", "k128 st4 nosc")
+#: tile without the FP4 decode and block scales (``--sweep small`` / ``box``:
+#: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
+#: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
+DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
+              "nomma")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
-    **{f"k128 st{st} ss": dict(stage_k=128, stages=st, smem_scales=True) for st in (3, 4, 5)},
-    "k128 st4 ss sk4": dict(stage_k=128, stages=4, smem_scales=True, streamk=4),
+    "k64 st6": dict(stage_k=64, stages=6), "k64 nodecode": dict(stage_k=64, stages=6,
+                                                                decode=False),
+    "k64 nomma": dict(stage_k=64, stages=6, decode=False, compute=False),
+    "nomma": dict(decode=False, compute=False),
+    **{f"st{st}": dict(stages=st) for st in (3, 5)},
 }
 
 
@@ -94,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=[],
                         help="also time tile variants on wfrag + wperm: streamed ones at "
                              "8-token tiles, mma.sync and small WGMMA ones at 16-32, WGMMA "
-                             "ones at 64-128, stream-K WGMMA ones at 16-32 with one weight "
-                             "TMA box per stage (box: WgmmaConfig.wbox) (repeatable)")
+                             "ones at 64-128, and (box) the dispatched stream-K WGMMA tile at "
+                             "16-128 with BOX_SWEEP's fields replaced (repeatable)")
     parser.add_argument("--flush", choices=("write", "read"), default="write",
                         help="how L2 is evicted before each replay (bench_moe.l2_flush)")
     parser.add_argument("--jobs", type=int, default=8,

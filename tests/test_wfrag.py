@@ -363,10 +363,10 @@ def test_wfrag_dispatch_stream_tma2d():
 
 def test_wfrag_dispatch_small_tiles_by_width():
     """Dense 16 / 32-token tiles on wfrag weights: the stream-K WGMMA tile where every CTA gets
-    >= 64 k tiles of 64 (bias allowed; 3 CTAs per SM; 4 stages of 128 k), else the one-warpgroup 6-stage tile once its 64-row blocks fill two waves
-    of SMs (N >= 16896), ``mma.sync`` below that or on checkpoint-order weights. 128-token
-    tiles: stream-K with two row warpgroups up to two token tiles (8 stages of 64 k when
-    K % 128 != 0)."""
+    >= 64 k tiles of 64 (bias allowed; 3 CTAs per SM; 4 stages of 128 k), else the
+    one-warpgroup 6-stage tile once its 64-row blocks fill two waves of SMs (N >= 16896),
+    ``mma.sync`` below that or on checkpoint-order weights. 128-token tiles: stream-K with two
+    row warpgroups up to two token tiles (8 stages of 64 k when K % 128 != 0)."""
     pytest.importorskip("cutlass")
     from nvfp4_ops.kernels import linear_cuda as L
 
