@@ -8,10 +8,10 @@ CTAs gives each SM the same work (H200 numbers: ``linear_cuda._streamk_tile``). 
 (M <= 8) kernel gained nothing from it (benchmarks/results/h200_2026-12-01_s9/sk_stream/).
 
 Work split. An output tile ("item": feature tile x token tile, item ``i`` = feature tile
-``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (64-k tiles). The ``units =
-items * U`` pairs (item, unit), item-major, are cut into ``G`` contiguous ranges (``G`` = the
-grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1) units / G))`` (:func:`span`), item
-after item, with one pipeline that runs on across them.
+``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (ring stages of 64 or
+128 k). The ``units = items * U`` pairs (item, unit), item-major, are cut into ``G``
+contiguous ranges (``G`` = the grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1)
+units / G))`` (:func:`span`), item after item, with one pipeline that runs on across them.
 Besides whole items, a CTA therefore holds a *piece* of at most two items that it does not
 finish alone: its first (the item began in an earlier CTA) and its last (it goes on in later
 ones).

@@ -829,7 +829,7 @@ class W4A16WgmmaGemm:
     def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows, tma_s=None,
                          m_s=None, s_s=None):
         """:meth:`producer` over this CTA's stream-K units: per output tile (feature tile
-        ``i % n_tiles``, token tile ``i // n_tiles``) its k tiles ``k0 .. k1 - 1``."""
+        ``i % n_tiles``, token tile ``i // n_tiles``) its stages ``k0 .. k1 - 1``."""
         nb = self.num_boxes
         kt_n = self.k_tiles
         t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
@@ -903,7 +903,7 @@ class W4A16WgmmaGemm:
     def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
                          swiglu_limit, counters, scratch, flag, num_rows, tidx, wg, s_s=None):
         """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
-        output tile, its k tiles ``k0 .. k1 - 1`` into zeroed accumulators through
+        output tile, its stages ``k0 .. k1 - 1`` into zeroed accumulators through
         :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
         :meth:`streamk_fixup`. The ring runs on across tiles; a tile's last stage is released
         once its WGMMAs have retired."""
