@@ -158,13 +158,18 @@ def test_nodecode_diagnostic_keeps_the_wgmmas_and_drops_the_decode(tmp_path):
 
     from nvfp4_ops.kernels import linear_cuda as L
 
-    tile = L.linear_config(7168, 18432, 16, wfrag=True)
-    diag = dataclasses.replace(tile, decode=False)
-    assert diag.name == tile.name.replace("_sm_90a", "_nodec_sm_90a")
-    texts = {name: kernel_ptx(cfg, tmp_path / name) for name, cfg in (("tile", tile),
-                                                                       ("diag", diag))}
-    assert texts["diag"].count("wgmma.mma_async") == texts["tile"].count("wgmma.mma_async") > 0
-    assert texts["tile"].count("ld.global.nc") > texts["diag"].count("ld.global.nc") == 0
-    assert len(texts["diag"]) < len(texts["tile"])
+    shipped = L.linear_config(7168, 18432, 16, wfrag=True)
+    assert shipped.stage_k == 128
+    # the shipped 128-k-stage tile (block scales from the stage) and the 64-k one (from global)
+    for stage_k, loads in ((128, "ld.shared.u16"), (64, "ld.global.nc")):
+        tile = dataclasses.replace(shipped, stage_k=stage_k, stages=4 if stage_k == 128 else 6)
+        diag = dataclasses.replace(tile, decode=False)
+        assert "_nodec" in diag.name and diag.name.replace("_nodec", "") == tile.name
+        texts = {name: kernel_ptx(cfg, tmp_path / f"{name}{stage_k}")
+                 for name, cfg in (("tile", tile), ("diag", diag))}
+        assert (texts["diag"].count("wgmma.mma_async") == texts["tile"].count("wgmma.mma_async")
+                > 0)
+        assert texts["tile"].count(loads) > texts["diag"].count(loads) == 0
+        assert len(texts["diag"]) < len(texts["tile"])
     with pytest.raises(ValueError, match="wfrag"):
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", False, False, 128, 2, 1, 4, decode=False)

@@ -944,7 +944,7 @@ class W4A16WgmmaGemm:
                 if const_expr(self.sub == 1):
                     self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
-                if const_expr(self.sub > 1):
+                if const_expr(self.sub > 1 and self.cfg.decode):
                     sc[0] = _lds_u16_at(self.scale_addr(ss, state.index, k0), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
@@ -980,7 +980,7 @@ class W4A16WgmmaGemm:
         sub = self.sub
         for q in range(sub):
             if const_expr(sub > 1):
-                if q < sub - 1:
+                if q < sub - 1 and self.cfg.decode:
                     # the stage's next 64-k tile (the box holds stage kt & ~1 and the next)
                     sc[2] = _lds_u16_at(self.scale_addr(ss, state.index, kt), 4 * (q + 1))
                 state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q,
@@ -1320,7 +1320,7 @@ class W4A16WgmmaGemm:
             state.advance(nsplit)
             if not last:
                 pipe.consumer_wait(state)
-                if const_expr(ss is not None):
+                if const_expr(ss is not None and self.cfg.decode):
                     # the next stage's first tile's scales, from its scale box
                     sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
