@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,6 +123,39 @@ def test_streamk_matches_tiles_on_gpu(case, bias):
     torch.cuda.synchronize()
     assert int(counters.abs().sum()) == 0
     assert torch.equal(out.float(), got)
+
+
+def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
+    """The 16 / 32-token stream-K tiles the dispatch picks assume ``streamk`` CTAs resident per
+    SM (the grid is that many per SM): their registers (ptxas, rounded up to 8 per thread) and
+    ring must fit 3 CTAs in the 64 K registers and 227 KB of shared memory of an SM. 4 CTAs of
+    the 16-token 128-k tile would need 4 x 256 threads x 80 registers (> 64 K); on H200 that
+    grid ran 20 % slower (benchmarks/results/h200_2026-12-01_s13/ab/ab_ss2.log)."""
+    import re
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import dev_sass
+
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.testing import kernel_ptx
+
+    try:
+        ptxas = dev_sass.tool("ptxas")
+    except SystemExit as exc:
+        pytest.skip(str(exc))
+    for n, k, m in ((18432, 7168, 16), (7168, 18432, 32)):
+        cfg = L.linear_config(n, k, m, wfrag=True)
+        assert cfg.streamk == 3 and cfg.stage_k == 128, cfg.name
+        kernel_ptx(cfg, tmp_path / cfg.name)
+        (ptx,) = (tmp_path / cfg.name).glob("*.ptx")
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-o", os.devnull, str(ptx)],
+                              capture_output=True, text=True, check=True).stderr
+        regs = int(re.search(r"Used (\d+) registers", info).group(1))
+        threads = 128 * (cfg.consumers + 1)
+        assert -(-regs // 8) * 8 * threads * cfg.streamk <= 65536, (cfg.name, regs)
+        assert cfg.stage_bytes * cfg.num_stages * cfg.streamk <= 227 * 1024, cfg.name
 
 
 def test_dispatched_streamk_configs_compile():
