@@ -129,9 +129,9 @@ def config_family(cfg) -> str:
 #: stream-K WGMMA tiles for dense problems on ``wfrag`` weights (:func:`_streamk_tile`):
 #: ``block_m -> (row_wgs, stages, CTAs per SM)``, with 64-k stages
 STREAMK_TILES = {16: (1, 6, 3), 32: (1, 6, 3), 128: (2, 8, 1)}
-#: ``block_m ->`` ring stages of the same tiles with 128-k stages (``WgmmaConfig.stage_k``),
-#: used when K % 128 == 0
-STREAMK_WIDE_STAGES = {16: 4, 32: 4, 128: 4}
+#: ring stages of the same tiles with 128-k stages (``WgmmaConfig.stage_k``), used when
+#: K % 128 == 0
+STREAMK_WIDE_STAGES = 4
 #: stream-K is used when every CTA gets at least this many 64-k tiles (the fix-up of partial
 #: tiles is then a small part of its work; both shapes measured have 81-122)
 STREAMK_MIN_K_TILES = 64
@@ -181,8 +181,7 @@ def _streamk_tile(cfg, m_tiles: int | None):
     if units < STREAMK_MIN_K_TILES * wg.NUM_SMS * per_sm:
         return None
     if cfg.k % 128 == 0:
-        tile = dataclasses.replace(tile, stage_k=128,
-                                   stages=STREAMK_WIDE_STAGES[cfg.block_m])
+        tile = dataclasses.replace(tile, stage_k=128, stages=STREAMK_WIDE_STAGES)
     return tile
 
 

@@ -735,19 +735,27 @@ class W4A16StreamGemm(DirectLaunch):
             dsts_w.append(stage0 + r * cfg.w_stride)
             dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
         for c in cutlass.range(self.chunks, unroll=1):
-            g = done + c
-            s = g % cfg.stages
-            if g >= cfg.stages:
-                _mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
-            full = sbase + 8 * s
-            if lane == 0:
-                _mbar_arrive_expect_tx(full, self.tx_bytes)
+            s, full = self.acquire_stage(done + c, lane, sbase)
             off = s * cfg.stage_bytes
             for j in cutlass.range_constexpr(n_lanes_rows):
                 if lane + 32 * j < cfg.rows_phys:
                     _bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
                     _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // 16)), kc // 16,
                               full)
+
+    @cute.jit
+    def acquire_stage(self, g, lane, sbase):
+        """``(s, full)``: the producer's stage and *full* barrier address for its ``g``-th
+        chunk: once the ring has wrapped, wait until the consumers freed stage ``s`` (its
+        *empty* barrier), then lane 0 arms *full* with the stage's bytes."""
+        cfg = self.cfg
+        s = g % cfg.stages
+        if g >= cfg.stages:
+            _mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
+        full = sbase + 8 * s
+        if lane == 0:
+            _mbar_arrive_expect_tx(full, self.tx_bytes)
+        return s, full
 
     @cute.jit
     def producer_t2(self, tma, m_w, m_s, tile_n, lane, sbase):
@@ -773,12 +781,7 @@ class W4A16StreamGemm(DirectLaunch):
         # the whole warp runs the loop: a TMA copy elects its issuing lane (elect.sync over the
         # full warp, which a lone lane 0 must not execute)
         for c in cutlass.range(self.chunks, unroll=1):
-            s = c % cfg.stages
-            if c >= cfg.stages:
-                _mbar_wait(sbase + 64 + 8 * s, ((c // cfg.stages) + 1) % 2)
-            full = sbase + 8 * s
-            if lane == 0:
-                _mbar_arrive_expect_tx(full, self.tx_bytes)
+            s, full = self.acquire_stage(c, lane, sbase)
             bar = cute.make_ptr(Int64, full, cute.AddressSpace.smem, assumed_align=8)
             cute.copy(tma_w, t_gw[(None, tile_n, c)], t_sw[(None, s)], tma_bar_ptr=bar)
             cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)

@@ -213,7 +213,7 @@ class WgmmaConfig(GemmProblem):
     #: WGMMAs, the time is the floor of everything but the decode (``benchmarks/dev_ab_wfrag``)
     decode: bool = True
     #: diagnostics (with ``decode=False``): False also skips the WGMMAs; the consumers only
-    #: read, wait for and free each stage (the floor of the TMA ring at this tile shape)
+    #: read the weight words and wait for and free each stage (the floor of the TMA ring)
     compute: bool = True
     #: diagnostics (64-k stages): False skips the block scales' global loads (the decode
     #: multiplies by whatever the registers hold: wrong outputs), to time the decode without
@@ -533,6 +533,7 @@ class W4A16WgmmaGemm:
         # rows per weight TMA box: a slot, or with 128-k stages all of a stage's
         self.box_rows = 64 * cfg.row_wgs if self.sub > 1 else 32
         self.box_bytes = cfg.stage_k // 2  # per row
+        self.w_stage_bytes = self.num_boxes * 32 * self.box_bytes  # weight bytes per stage
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
         # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
@@ -640,8 +641,7 @@ class W4A16WgmmaGemm:
             "bars": cute.struct.MemRange[Int64, 2 * self.stages],
             "s_b": cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_layout)], 1024],
             "s_w": cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8,
-                                     self.stages * self.num_boxes * 1024 * self.sub],
+                cute.struct.MemRange[cutlass.Uint8, self.stages * self.w_stage_bytes],
                 1024 if self.sub > 1 else 128],
         }
         if self.sub > 1:
@@ -724,14 +724,9 @@ class W4A16WgmmaGemm:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                 flag = storage.flag.get_tensor(cute.make_layout(4))
-                if const_expr(not cfg.compute and self.sub > 1):
-                    self.consumer_streamk_floor(pipe, out, w_global, bias, swiglu_limit,
-                                                tile_expert, row_scale, flag, num_rows, tidx,
-                                                wg)
-                else:
-                    self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out,
-                                          bias, swiglu_limit, tile_expert, row_scale, flag,
-                                          num_rows, tidx, wg, s_s)
+                self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
+                                      swiglu_limit, tile_expert, row_scale, flag, num_rows,
+                                      tidx, wg, s_s)
         elif expert >= 0:
             if wg == cfg.consumers:
                 if const_expr(cfg.uses_setmaxnreg):
@@ -812,6 +807,15 @@ class W4A16WgmmaGemm:
             pipe.producer_commit(state)
             state.advance()
 
+    def streamk_item(self, i, start, end, n_tiles):
+        """``(k0, k1, tm, tn)``: the stages ``[k0, k1)`` of output tile ``i`` (feature tile
+        ``tn``, token tile ``tm``) inside this CTA's units ``[start, end)`` (plain Python)."""
+        kt_n = self.k_tiles
+        k0 = cutlass.max(start - i * kt_n, 0)
+        k1 = cutlass.min(end - i * kt_n, kt_n)
+        tm = i // n_tiles
+        return k0, k1, tm, i - tm * n_tiles
+
     def streamk_work(self, num_rows):
         """Stream-K work of this CTA (plain Python, inlined while tracing): ``(start, end,
         units, grid size, feature tiles)``, units ``[start, end)`` of the (output tile, k tile)
@@ -843,10 +847,7 @@ class W4A16WgmmaGemm:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if end > start:
             for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
-                k0 = cutlass.max(start - i * kt_n, 0)
-                k1 = cutlass.min(end - i * kt_n, kt_n)
-                tm = i // n_tiles
-                tn = i - tm * n_tiles
+                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
                 for kt in cutlass.range(k0, k1, unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
@@ -868,38 +869,6 @@ class W4A16WgmmaGemm:
                     state.advance()
 
     @cute.jit
-    def consumer_streamk_floor(self, pipe, out, w_global, bias, swiglu_limit, counters,
-                               scratch, flag, num_rows, tidx, wg):
-        """Diagnostics for wide stages (``stage_k=128``, ``compute=False``): the
-        stream-K consumer without loads, decode or WGMMAs; it waits for and frees each stage,
-        then writes zeros through the fix-up and epilogue (the floor of the TMA ring)."""
-        kt_n = self.k_tiles
-        lt = tidx % 128
-        grp = lt % 32 // 4
-        quad = lt % 4
-        acc = cute.make_rmem_tensor(cute.make_layout(self.cfg.block_m // 2), Float32)
-        start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        if end > start:
-            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
-                k0 = cutlass.max(start - i * kt_n, 0)
-                k1 = cutlass.min(end - i * kt_n, kt_n)
-                tm = i // n_tiles
-                row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, lt // 32, grp)
-                acc.fill(0.0)
-                for _kt in cutlass.range(k0, k1, unroll=1):
-                    pipe.consumer_wait(state)
-                    pipe.consumer_release(state)
-                    state.advance()
-                finished = Int32(1)
-                if k1 - k0 != kt_n:
-                    finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
-                                                  tidx, wg)
-                if finished != 0:
-                    self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
-                                  num_rows, row_lo, row_hi, quad)
-
-    @cute.jit
     def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
                          swiglu_limit, counters, scratch, flag, num_rows, tidx, wg, s_s=None):
         """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
@@ -907,7 +876,6 @@ class W4A16WgmmaGemm:
         :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
         :meth:`streamk_fixup`. The ring runs on across tiles; a tile's last stage is released
         once its WGMMAs have retired."""
-        nb = self.num_boxes
         kt_n = self.k_tiles
         lt = tidx % 128
         wq = lt // 32
@@ -917,7 +885,7 @@ class W4A16WgmmaGemm:
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
         off_lo, off_hi = self.a_row_offsets(wg, wq, grp, quad)
         w_smem = s_w.iterator.toint()
-        stage_bytes_w = nb * 1024 * self.sub
+        stage_bytes_w = self.w_stage_bytes
         s_base = w_scale.iterator.toint()
         ss = None
         if const_expr(self.sub > 1):
@@ -935,10 +903,8 @@ class W4A16WgmmaGemm:
                      off_hi, sel)
         if end > start:
             for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
-                k0 = cutlass.max(start - i * kt_n, 0)
-                k1 = cutlass.min(end - i * kt_n, kt_n)
-                tm = i // n_tiles
-                row_lo, row_hi = self.a_weight_rows(i - tm * n_tiles, wg, wq, grp)
+                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
+                row_lo, row_hi = self.a_weight_rows(tn, wg, wq, grp)
                 s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
                 acc.fill(0.0)
                 if const_expr(self.sub == 1):
@@ -1034,7 +1000,6 @@ class W4A16WgmmaGemm:
     def consumer(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale, bias,
                  swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg):
         cfg = self.cfg
-        nb = self.num_boxes
         nsplit = cfg.split_k
         lt = tidx % 128
         wq = lt // 32  # warp within the warpgroup
@@ -1054,7 +1019,7 @@ class W4A16WgmmaGemm:
         row_lo, row_hi = self.a_weight_rows(bidx, rq, wq, grp)
         w_smem = s_w.iterator.toint()
         off_lo, off_hi = self.a_row_offsets(rq, wq, grp, quad)
-        stage_bytes_w = nb * 1024
+        stage_bytes_w = self.w_stage_bytes
 
         # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
         kb16 = cfg.k // 16
