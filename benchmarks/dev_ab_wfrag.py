@@ -87,6 +87,9 @@ BOX_SWEEP = {
     "k64 nomma": dict(stage_k=64, stages=6, decode=False, compute=False),
     "nomma": dict(decode=False, compute=False),
     **{f"st{st}": dict(stages=st) for st in (3, 5)},
+    # session 13's branch options
+    "lf": dict(lite_fixup=True), "sts": dict(stage_scales=True),
+    "lf sts": dict(lite_fixup=True, stage_scales=True),
 }
 
 

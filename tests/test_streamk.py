@@ -53,7 +53,11 @@ WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1
                (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 4, 3, 128), (7168, 18432, 13, 16, 1, 4, 3, 128),
                (7168, 18432, 29, 32, 1, 4, 3, 128), (18432, 7168, 199, 128, 2, 4, 1, 128),
-               (1024, 4096, 77, 128, 2, 4, 1, 128)]
+               (1024, 4096, 77, 128, 2, 4, 1, 128),
+               # session 13's branch options (acquire-release fix-up, per-stage scale loads)
+               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True)),
+               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True)),
+               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():
@@ -73,12 +77,12 @@ def test_wgmma_streamk_config_compiles_and_errors():
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
 
 
-def _wgmma_pair(n, k, m, bm, r, st, sk, bias, stage_k=64):
-    """(the one-tile-per-CTA 64-k-stage tile, the stream-K one)"""
+def _wgmma_pair(n, k, m, bm, r, st, sk, bias, stage_k=64, extra=None):
+    """(the one-tile-per-CTA 64-k-stage tile, the stream-K one with ``extra`` fields)"""
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
     base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, st, wfrag=True, wperm=True)
-    return base, dataclasses.replace(base, streamk=sk, stage_k=stage_k)
+    return base, dataclasses.replace(base, streamk=sk, stage_k=stage_k, **(extra or {}))
 
 
 @pytest.mark.gpu
@@ -156,6 +160,22 @@ def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
         threads = 128 * (cfg.consumers + 1)
         assert -(-regs // 8) * 8 * threads * cfg.streamk <= 65536, (cfg.name, regs)
         assert cfg.stage_bytes * cfg.num_stages * cfg.streamk <= 227 * 1024, cfg.name
+
+
+def test_branch_options_compile_and_errors():
+    """``lite_fixup`` and ``stage_scales`` (session 13's branch options, not dispatched yet)
+    compile for sm_90a and are refused where they do not apply."""
+    from nvfp4_ops.kernels.cute import w4a16_wgmma as W
+
+    cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, wfrag=True, wperm=True,
+                        streamk=3, stage_k=128, lite_fixup=True, stage_scales=True)
+    assert cfg.name.endswith("_k128_lf_sts_sm_90a")
+    assert callable(W.compile_gemm(cfg))
+    with pytest.raises(ValueError, match="lite_fixup is for stream-K"):
+        W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, lite_fixup=True)
+    with pytest.raises(ValueError, match="stage_scales is for stage_k=128"):
+        W.WgmmaConfig(18432, 7168, "none", False, False, 16, 1, 1, 6, wfrag=True, streamk=3,
+                      stage_scales=True)
 
 
 def test_dispatched_streamk_configs_compile():

@@ -36,12 +36,23 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.arch import inline_ptx
 
-__all__ = ["atom_add_u32", "item_owners", "park", "span", "st_global_u32", "sum_pieces"]
+__all__ = ["atom_add_acq_rel_u32", "atom_add_u32", "item_owners", "park", "span",
+           "st_global_u32", "sum_pieces"]
 
 
 def atom_add_u32(addr: Int64, value: int):
     """Atomic ``*addr += value`` on a global u32 (relaxed, GPU scope); returns the old value."""
     return inline_ptx(f"atom.global.add.u32 {{$w0}}, [{{$r0}}], {value};",
+                      write_only_types=[Int32], read_only_args=[addr])
+
+
+def atom_add_acq_rel_u32(addr: Int64, value: int):
+    """``*addr += value`` on a global u32, acquire-release at GPU scope; returns the old value.
+    After a CTA barrier, one thread's release publishes the stores of every thread before the
+    barrier (release is cumulative), and its acquire, followed by a CTA barrier, makes the
+    other CTAs' published stores visible to every thread: the pattern of CUTLASS's generic
+    barrier (``arrive_inc`` / ``wait_eq``), without a fence per thread."""
+    return inline_ptx(f"atom.acq_rel.gpu.global.add.u32 {{$w0}}, [{{$r0}}], {value};",
                       write_only_types=[Int32], read_only_args=[addr])
 
 

@@ -222,6 +222,14 @@ class WgmmaConfig(GemmProblem):
     #: k per pipeline stage: 64, or 128 for stream-K ``wfrag`` tiles ("Wide stages" in the
     #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too)
     stage_k: int = BLOCK_K
+    #: stream-K fix-up publishes and acquires the parked pieces with one acquire-release atomic
+    #: by thread 0 between CTA barriers, instead of a GPU-scope fence in every thread
+    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`)
+    lite_fixup: bool = False
+    #: 128-k stages: each lane reads its row's scales for both 64-k tiles of the stage with one
+    #: ``ld.shared.b32`` at the stage's start and converts them there (two pairs), instead of
+    #: one 2-byte load and conversion per 64-k tile
+    stage_scales: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -263,6 +271,10 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
+        if self.lite_fixup and not self.streamk:
+            raise ValueError("lite_fixup is for stream-K tiles")
+        if self.stage_scales and self.stage_k != 128:
+            raise ValueError("stage_scales is for stage_k=128")
         if not self.compute and self.decode:
             raise ValueError("compute=False (diagnostics) needs decode=False")
         if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
@@ -314,7 +326,8 @@ class WgmmaConfig(GemmProblem):
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
-            f"{'' if self.scales else '_nosc'}_{self.arch}"
+            f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
+            f"{'_sts' if self.stage_scales else ''}_{self.arch}"
         )
 
     @property
@@ -892,7 +905,11 @@ class W4A16WgmmaGemm:
             # this lane's share of its quad's scales (load_scales): the lo row (quad lanes 0-1)
             # or the hi row (2-3), first or second 32-k chunk; 16 bytes per row per stage
             srow = 64 * wg + 16 * wq + grp + 8 * (quad // 2)
-            ss = s_s.iterator.toint() + srow * 16 + 2 * (quad % 2)
+            if const_expr(self.cfg.stage_scales):
+                # both pairs of 64-k tile quad % 2 (load_stage_scales)
+                ss = s_s.iterator.toint() + srow * 16 + 4 * (quad % 2)
+            else:
+                ss = s_s.iterator.toint() + srow * 16 + 2 * (quad % 2)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
 
@@ -910,7 +927,9 @@ class W4A16WgmmaGemm:
                 if const_expr(self.sub == 1):
                     self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
-                if const_expr(self.sub > 1 and self.cfg.decode):
+                if const_expr(self.cfg.stage_scales and self.cfg.decode):
+                    self.load_stage_scales(sc, ss, state.index, k0)
+                elif const_expr(self.sub > 1 and self.cfg.decode):
                     sc[0] = _lds_u16_at(self.scale_addr(ss, state.index, k0), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
@@ -946,7 +965,7 @@ class W4A16WgmmaGemm:
         sub = self.sub
         for q in range(sub):
             if const_expr(sub > 1):
-                if q < sub - 1 and self.cfg.decode:
+                if q < sub - 1 and self.cfg.decode and not self.cfg.stage_scales:
                     # the stage's next 64-k tile (the box holds stage kt & ~1 and the next)
                     sc[2] = _lds_u16_at(self.scale_addr(ss, state.index, kt), 4 * (q + 1))
                 state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q,
@@ -959,6 +978,15 @@ class W4A16WgmmaGemm:
                 self.load_scales(sc, 2, s_lo, s_hi, kt + 1)
             state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q)
         return state, rel
+
+    def load_stage_scales(self, sc, ss, index, kt):
+        """``stage_scales``: this lane's 4 scale bytes of stage ``kt`` (its row, both 32-k
+        chunks of 64-k tile ``quad % 2``) converted into ``sc[0]`` / ``sc[1]`` (chunk 0 / 1,
+        bf16x2 ``* 2^119``); :meth:`load_chunk` shuffles them from lane ``q`` (lo row) and
+        ``2 + q`` (hi row) of the quad (plain Python)."""
+        word = _lds_u32_at(self.scale_addr(ss, index, kt), 0)
+        sc[0] = scale_pair_pre(word)
+        sc[1] = scale_pair_pre(word >> 16)
 
     def scale_addr(self, ss, index, kt):
         """Shared address of this lane's scale pair of stage ``kt`` in ring slot ``index``: the
@@ -981,15 +1009,20 @@ class W4A16WgmmaGemm:
         b_lo, b_hi = streamk.item_owners(item, self.k_tiles, units, gdim)
         base = scratch.iterator.toint()
         streamk.park(acc, base, bidx, b_lo, plen, off, n_acc, 128)
-        cute.arch.fence_acq_rel_gpu()
+        if const_expr(not cfg.lite_fixup):
+            cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
         counter = counters.iterator.toint() + Int64(item) * Int64(4)
         if tidx == 0:
-            flag[0] = streamk.atom_add_u32(counter, 1)
+            if const_expr(cfg.lite_fixup):
+                flag[0] = streamk.atom_add_acq_rel_u32(counter, 1)
+            else:
+                flag[0] = streamk.atom_add_u32(counter, 1)
         cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
         finished = Int32(0)
         if flag[0] == b_hi - b_lo:
-            cute.arch.fence_acq_rel_gpu()
+            if const_expr(not cfg.lite_fixup):
+                cute.arch.fence_acq_rel_gpu()
             streamk.sum_pieces(acc, base, b_lo, b_hi, plen, off, n_acc, 128)
             if tidx == 0:
                 streamk.st_global_u32(counter, Int32(0))
@@ -1205,6 +1238,12 @@ class W4A16WgmmaGemm:
                 raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(not self.cfg.decode):
                 return
+            if const_expr(self.cfg.stage_scales):
+                # sc_lo: this lane's converted pair of chunk j (load_stage_scales); the lo row's
+                # of 64-k tile q sits in quad lane q, the hi row's in lane 2 + q
+                scl[0] = _shfl_quad(sc_lo, q)
+                scl[1] = _shfl_quad(sc_lo, 2 + q)
+                return
             # the quad's pairs (lo row chunk 0, chunk 1, hi row chunk 0, chunk 1) sit in its
             # lanes 0-3 (load_scales): convert this lane's once per tile, keep it in scl[2]
             if const_expr(j == 0):
@@ -1274,8 +1313,10 @@ class W4A16WgmmaGemm:
         nsplit = self.cfg.split_k
         idx = state.index
         stage_w = w_smem + idx * stage_bytes_w
+        stage_sc = self.cfg.stage_scales
         self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0, q)
-        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0], sc[1], 1, sel, q)
+        self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[1] if stage_sc else sc[0], sc[1],
+                        1, sel, q)
         warpgroup.wait_group(1)
         if not first and q == 0:
             pipe.consumer_release(rel)
@@ -1285,14 +1326,17 @@ class W4A16WgmmaGemm:
             state.advance(nsplit)
             if not last:
                 pipe.consumer_wait(state)
-                if const_expr(ss is not None and self.cfg.decode):
+                if const_expr(stage_sc and self.cfg.decode):
+                    self.load_stage_scales(sc, ss[0], state.index, ss[1])
+                elif const_expr(ss is not None and self.cfg.decode):
                     # the next stage's first tile's scales, from its scale box
                     sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
-                                sc[2], sc[3], 0, sel)
+                                sc[0] if stage_sc else sc[2], sc[3], 0, sel)
         else:
             # the stage's next 64-k tile: already waited for
-            self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[2], sc[3], 0, sel, q + 1)
+            self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[0] if stage_sc else sc[2],
+                            sc[3], 0, sel, q + 1)
         warpgroup.wait_group(1)
         return state, rel
 
