@@ -79,17 +79,18 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
 DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma")
+              "nomma", "nomma st6", "nomma st8")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
-    "k64 st6": dict(stage_k=64, stages=6), "k64 nodecode": dict(stage_k=64, stages=6,
-                                                                decode=False),
-    "k64 nomma": dict(stage_k=64, stages=6, decode=False, compute=False),
     "nomma": dict(decode=False, compute=False),
+    **{f"nomma st{st}": dict(decode=False, compute=False, stages=st) for st in (6, 8)},
     **{f"st{st}": dict(stages=st) for st in (3, 5)},
-    # session 13's branch options
+    # session 13's branch options, and with deeper rings (16-32-token tiles: 3 CTAs per SM
+    # still fit up to 8 stages of 9-13 KB)
     "lf": dict(lite_fixup=True), "sts": dict(stage_scales=True),
-    "lf sts": dict(lite_fixup=True, stage_scales=True),
+    **{f"lf sts st{st}" if st else "lf sts": dict(lite_fixup=True, stage_scales=True,
+                                                  **(dict(stages=st) if st else {}))
+       for st in (0, 5, 6, 8)},
 }
 
 
@@ -158,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 cfgs["dispatch"] = (shipped, True)
                 tries["dispatch nodecode"] = lambda s=shipped: dataclasses.replace(
                     s, decode=False)
-                tries.update({name: lambda s=shipped, kw=kw: dataclasses.replace(s, **kw)
-                              for name, kw in BOX_SWEEP.items()})
+                # only rings that still fit the tile's CTAs per SM (227 KB of shared memory)
+                fits = {name: dataclasses.replace(shipped, **kw) for name, kw in BOX_SWEEP.items()}
+                tries.update({name: lambda c=c: c for name, c in fits.items()
+                              if c.stage_bytes * c.num_stages * c.streamk <= 227 * 1024})
         if ("small" in args.sweep and bm in (16, 32)) or ("wgmma" in args.sweep
                                                            and bm in (64, 128, 256)):
             tries.update({name: lambda t=t: w4a16_wgmma.WgmmaConfig(
