@@ -79,7 +79,7 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
 DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma", "nomma st6", "nomma st8")
+              "nomma", "nomma st6", "nomma st8", "nomma wt")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
     "nomma": dict(decode=False, compute=False),
@@ -91,7 +91,19 @@ BOX_SWEEP = {
     **{f"lf sts st{st}" if st else "lf sts": dict(lite_fixup=True, stage_scales=True,
                                                   **(dict(stages=st) if st else {}))
        for st in (0, 5, 6, 8)},
+    # weights stored stage box by stage box (to_wtile)
+    "lf sts wt": dict(lite_fixup=True, stage_scales=True, wtile=True),
+    "nomma wt": dict(decode=False, compute=False, wtile=True),
 }
+
+
+def to_wtile(w: torch.Tensor, box_rows: int, box_bytes: int) -> torch.Tensor:
+    """``[N, K/2]`` weight bytes -> the same shape stored box by box
+    (``WgmmaConfig.wtile``): box ``(n // box_rows, k // box_bytes)`` is one contiguous
+    ``box_rows x box_bytes`` block, boxes of a row of boxes in k order."""
+    n, kb = w.shape
+    return (w.view(n // box_rows, box_rows, kb // box_bytes, box_bytes).permute(0, 2, 1, 3)
+            .contiguous().view(n, kb))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             cfgs = {v: (cfg, w_fp if wp else w_f if cfg.wfrag else w)
                     for v, (cfg, wp) in configs(n, k, m).items()}
+            cfgs = {v: (cfg, to_wtile(wt, 64 * cfg.row_wgs, 64) if getattr(cfg, "wtile", False)
+                        else wt) for v, (cfg, wt) in cfgs.items()}
             base = cfgs["natural"][0]
             outs = {v: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for v in cfgs}
 

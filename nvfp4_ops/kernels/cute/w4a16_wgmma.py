@@ -230,6 +230,10 @@ class WgmmaConfig(GemmProblem):
     #: ``ld.shared.b32`` at the stage's start and converts them there (two pairs), instead of
     #: one 2-byte load and conversion per 64-k tile
     stage_scales: bool = False
+    #: experiment (128-k stages): the weight bytes are stored stage box by stage box, each a
+    #: contiguous ``(64 * row_wgs) x 64``-byte block (``benchmarks/dev_ab_wfrag.to_wtile``),
+    #: so a stage's TMA box reads 4-12 KB in a row instead of 64 bytes of each of its rows
+    wtile: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -275,6 +279,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError("lite_fixup is for stream-K tiles")
         if self.stage_scales and self.stage_k != 128:
             raise ValueError("stage_scales is for stage_k=128")
+        if self.wtile and self.stage_k != 128:
+            raise ValueError("wtile is for stage_k=128")
         if not self.compute and self.decode:
             raise ValueError("compute=False (diagnostics) needs decode=False")
         if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
@@ -327,7 +333,7 @@ class WgmmaConfig(GemmProblem):
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
             f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
-            f"{'_sts' if self.stage_scales else ''}_{self.arch}"
+            f"{'_sts' if self.stage_scales else ''}{'_wt' if self.wtile else ''}_{self.arch}"
         )
 
     @property
@@ -587,11 +593,17 @@ class W4A16WgmmaGemm:
             (bm, BLOCK_K),
         )
         # weights as one [G*N, K/2] byte matrix: row expert*N + n; 32 x 32-byte boxes
-        w2 = cute.make_tensor(
-            w.iterator,
-            cute.make_layout((w.shape[0] * cfg.n, cfg.k // 2), stride=(cfg.k // 2, 1)),
-        )
         wb = self.box_bytes
+        rows = w.shape[0] * cfg.n
+        w2 = cute.make_tensor(
+            w.iterator, cute.make_layout((rows, cfg.k // 2), stride=(cfg.k // 2, 1)))
+        if const_expr(cfg.wtile):
+            # the same matrix, stored box by box (to_wtile): ((row in box, box row), (byte in
+            # box, box column))
+            br = self.box_rows
+            w2 = cute.make_tensor(w.iterator, cute.make_layout(
+                ((br, rows // br), (wb, cfg.k // 2 // wb)),
+                stride=((wb, br * (cfg.k // 2)), (1, br * wb))))
         box_layout = cute.slice_(self.w_layout(1), (None, None, 0))
         tma_w, m_w = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (self.box_rows, wb)
