@@ -79,21 +79,20 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
 DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma", "nomma st6", "nomma st8", "nomma wt")
+              "nomma", "nomma sp", "nomma sp wt")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
     "nomma": dict(decode=False, compute=False),
-    **{f"nomma st{st}": dict(decode=False, compute=False, stages=st) for st in (6, 8)},
-    **{f"st{st}": dict(stages=st) for st in (3, 5)},
-    # session 13's branch options, and with deeper rings (16-32-token tiles: 3 CTAs per SM
-    # still fit up to 8 stages of 9-13 KB)
-    "lf": dict(lite_fixup=True), "sts": dict(stage_scales=True),
-    **{f"lf sts st{st}" if st else "lf sts": dict(lite_fixup=True, stage_scales=True,
-                                                  **(dict(stages=st) if st else {}))
-       for st in (0, 5, 6, 8)},
-    # weights stored stage box by stage box (to_wtile)
-    "lf sts wt": dict(lite_fixup=True, stage_scales=True, wtile=True),
-    "nomma wt": dict(decode=False, compute=False, wtile=True),
+    "nomma sp": dict(decode=False, compute=False, stage_scales=True, scale_pairs=True),
+    "nomma sp wt": dict(decode=False, compute=False, stage_scales=True, scale_pairs=True,
+                        wtile=True),
+    # session 13's branch options, then one scale box per stage pair, with deeper rings
+    # (only those that fit the tile's CTAs per SM run) and weights stored box by box
+    "lf sts": dict(lite_fixup=True, stage_scales=True),
+    **{f"lf sts sp{f' st{st}' if st else ''}": dict(
+        lite_fixup=True, stage_scales=True, scale_pairs=True, **(dict(stages=st) if st else {}))
+       for st in (0, 3, 5, 6)},
+    "lf sts sp wt": dict(lite_fixup=True, stage_scales=True, scale_pairs=True, wtile=True),
 }
 
 

@@ -57,7 +57,14 @@ WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1
                # session 13's branch options (acquire-release fix-up, per-stage scale loads)
                (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True)),
                (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True)),
-               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True))]
+               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True)),
+               # session 14: one scale box per stage pair (odd pieces' starts included)
+               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True,
+                                                        scale_pairs=True)),
+               (7168, 18432, 29, 32, 1, 5, 3, 128, dict(lite_fixup=True, stage_scales=True,
+                                                        scale_pairs=True)),
+               (1024, 4096, 77, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True,
+                                                        scale_pairs=True))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():

@@ -230,6 +230,10 @@ class WgmmaConfig(GemmProblem):
     #: ``ld.shared.b32`` at the stage's start and converts them there (two pairs), instead of
     #: one 2-byte load and conversion per 64-k tile
     stage_scales: bool = False
+    #: with ``stage_scales``: a stage pair's 16-byte scale box is loaded once, with its even
+    #: stage (or a stream-K piece's first), and the odd stage reads it from the even stage's
+    #: ring slot, which it still holds then (half the TMA requests of 16 bytes)
+    scale_pairs: bool = False
     #: experiment (128-k stages): the weight bytes are stored stage box by stage box, each a
     #: contiguous ``(64 * row_wgs) x 64``-byte block (``benchmarks/dev_ab_wfrag.to_wtile``),
     #: so a stage's TMA box reads 4-12 KB in a row instead of 64 bytes of each of its rows
@@ -279,6 +283,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError("lite_fixup is for stream-K tiles")
         if self.stage_scales and self.stage_k != 128:
             raise ValueError("stage_scales is for stage_k=128")
+        if self.scale_pairs and not self.stage_scales:
+            raise ValueError("scale_pairs needs stage_scales")
         if self.wtile and self.stage_k != 128:
             raise ValueError("wtile is for stage_k=128")
         if not self.compute and self.decode:
@@ -333,7 +339,8 @@ class WgmmaConfig(GemmProblem):
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
             f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
-            f"{'_sts' if self.stage_scales else ''}{'_wt' if self.wtile else ''}_{self.arch}"
+            f"{'_sts' if self.stage_scales else ''}{'_sp' if self.scale_pairs else ''}"
+            f"{'_wt' if self.wtile else ''}_{self.arch}"
         )
 
     @property
@@ -555,6 +562,10 @@ class W4A16WgmmaGemm:
         self.w_stage_bytes = self.num_boxes * 32 * self.box_bytes  # weight bytes per stage
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
+        # scale_pairs: the scale box's bytes are expected by the stages that load it
+        self.scale_box_bytes = self.box_rows * 16 if self.sub > 1 else 0
+        if cfg.scale_pairs:
+            self.tx_bytes -= self.scale_box_bytes
         # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
         # gives registers back, the consumers take them. setmaxnreg moves registers only within
         # the CTA's own allocation, which ptxas fixes from the launch bound: 65536 / threads
@@ -879,7 +890,12 @@ class W4A16WgmmaGemm:
                     for q in cutlass.range_constexpr(sub):
                         cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
                                   t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
-                    if const_expr(sub > 1):
+                    if const_expr(self.cfg.scale_pairs):
+                        if kt % 2 == 0 or kt == k0:
+                            cute.arch.mbarrier_expect_tx(bar, self.scale_box_bytes)
+                            cute.copy(tma_s, t_gs[(None, tn, kt // 2)],
+                                      t_ss[(None, state.index)], tma_bar_ptr=bar)
+                    elif const_expr(sub > 1):
                         # stages kt & ~1 and kt | 1 share a 16-byte box
                         cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
                                   tma_bar_ptr=bar)
@@ -1339,7 +1355,12 @@ class W4A16WgmmaGemm:
             if not last:
                 pipe.consumer_wait(state)
                 if const_expr(stage_sc and self.cfg.decode):
-                    self.load_stage_scales(sc, ss[0], state.index, ss[1])
+                    slot = state.index
+                    if const_expr(self.cfg.scale_pairs):
+                        # an odd stage (never a piece's first here): its pair's box sits in
+                        # the previous stage's slot
+                        slot = (slot + self.stages - ss[1] % 2) % self.stages
+                    self.load_stage_scales(sc, ss[0], slot, ss[1])
                 elif const_expr(ss is not None and self.cfg.decode):
                     # the next stage's first tile's scales, from its scale box
                     sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
