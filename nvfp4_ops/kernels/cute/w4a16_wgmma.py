@@ -887,15 +887,17 @@ class W4A16WgmmaGemm:
                 for kt in cutlass.range(k0, k1, unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
+                    if const_expr(self.cfg.scale_pairs):
+                        # before any copy of the stage: its tx count never reaches 0 early
+                        if kt % 2 == 0 or kt == k0:
+                            with cute.arch.elect_one():  # the lane that issues the copies
+                                cute.arch.mbarrier_expect_tx(bar, self.scale_box_bytes)
+                            cute.copy(tma_s, t_gs[(None, tn, kt // 2)],
+                                      t_ss[(None, state.index)], tma_bar_ptr=bar)
                     for q in cutlass.range_constexpr(sub):
                         cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
                                   t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
-                    if const_expr(self.cfg.scale_pairs):
-                        if kt % 2 == 0 or kt == k0:
-                            cute.arch.mbarrier_expect_tx(bar, self.scale_box_bytes)
-                            cute.copy(tma_s, t_gs[(None, tn, kt // 2)],
-                                      t_ss[(None, state.index)], tma_bar_ptr=bar)
-                    elif const_expr(sub > 1):
+                    if const_expr(sub > 1 and not self.cfg.scale_pairs):
                         # stages kt & ~1 and kt | 1 share a 16-byte box
                         cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
                                   tma_bar_ptr=bar)
