@@ -79,30 +79,17 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
 DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma", "nomma sp", "nomma sp wt")
+              "nomma", "nomma st6", "nomma st8")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
     "nomma": dict(decode=False, compute=False),
-    "nomma sp": dict(decode=False, compute=False, stage_scales=True, scale_pairs=True),
-    "nomma sp wt": dict(decode=False, compute=False, stage_scales=True, scale_pairs=True,
-                        wtile=True),
-    # session 13's branch options, then one scale box per stage pair, with deeper rings
-    # (only those that fit the tile's CTAs per SM run) and weights stored box by box
-    "lf sts": dict(lite_fixup=True, stage_scales=True),
-    **{f"lf sts sp{f' st{st}' if st else ''}": dict(
-        lite_fixup=True, stage_scales=True, scale_pairs=True, **(dict(stages=st) if st else {}))
-       for st in (0, 3, 5, 6)},
-    "lf sts sp wt": dict(lite_fixup=True, stage_scales=True, scale_pairs=True, wtile=True),
+    **{f"nomma st{st}": dict(decode=False, compute=False, stages=st) for st in (6, 8)},
+    # deeper or shallower rings (16-token tiles: 3 CTAs per SM still fit 8 stages of 9 KB)
+    **{f"st{st}": dict(stages=st) for st in (3, 5, 6, 8)},
+    # without session 14's defaults (the fix-up's GPU fences, a scale load per 64-k tile)
+    "no lf": dict(lite_fixup=False), "no sts": dict(stage_scales=False),
+    "no lf sts": dict(lite_fixup=False, stage_scales=False),
 }
-
-
-def to_wtile(w: torch.Tensor, box_rows: int, box_bytes: int) -> torch.Tensor:
-    """``[N, K/2]`` weight bytes -> the same shape stored box by box
-    (``WgmmaConfig.wtile``): box ``(n // box_rows, k // box_bytes)`` is one contiguous
-    ``box_rows x box_bytes`` block, boxes of a row of boxes in k order."""
-    n, kb = w.shape
-    return (w.view(n // box_rows, box_rows, kb // box_bytes, box_bytes).permute(0, 2, 1, 3)
-            .contiguous().view(n, kb))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,8 +202,6 @@ def main(argv: list[str] | None = None) -> int:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             cfgs = {v: (cfg, w_fp if wp else w_f if cfg.wfrag else w)
                     for v, (cfg, wp) in configs(n, k, m).items()}
-            cfgs = {v: (cfg, to_wtile(wt, 64 * cfg.row_wgs, 64) if getattr(cfg, "wtile", False)
-                        else wt) for v, (cfg, wt) in cfgs.items()}
             base = cfgs["natural"][0]
             outs = {v: torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for v in cfgs}
 

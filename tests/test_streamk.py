@@ -47,24 +47,18 @@ def test_streamk_split_and_owners(items, per_item, ctas):
 #: WGMMA (N, K, M, block_m, row_wgs, stages, streamk[, stage_k]): the issue's 128-token shapes
 #: (three and two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles
 #: (M = 199), a narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k
-#: tiles), and the dispatched 128-k-stage tiles (block scales by TMA)
+#: tiles), and the 128-k-stage tiles (block scales by TMA; the dispatch adds the options below)
 WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 6, 3), (7168, 18432, 29, 32, 1, 6, 2),
                (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 4, 3, 128), (7168, 18432, 13, 16, 1, 4, 3, 128),
                (7168, 18432, 29, 32, 1, 4, 3, 128), (18432, 7168, 199, 128, 2, 4, 1, 128),
                (1024, 4096, 77, 128, 2, 4, 1, 128),
-               # session 13's branch options (acquire-release fix-up, per-stage scale loads)
+               # the acquire-release fix-up and per-stage scale loads (dispatched with 128-k
+               # stages since session 14; the cases above without them keep the other path)
                (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True)),
                (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True)),
-               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True)),
-               # session 14: one scale box per stage pair (odd pieces' starts included)
-               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True,
-                                                        scale_pairs=True)),
-               (7168, 18432, 29, 32, 1, 5, 3, 128, dict(lite_fixup=True, stage_scales=True,
-                                                        scale_pairs=True)),
-               (1024, 4096, 77, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True,
-                                                        scale_pairs=True))]
+               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():
@@ -170,8 +164,8 @@ def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
 
 
 def test_branch_options_compile_and_errors():
-    """``lite_fixup`` and ``stage_scales`` (session 13's branch options, not dispatched yet)
-    compile for sm_90a and are refused where they do not apply."""
+    """``lite_fixup`` and ``stage_scales`` (dispatched for 128-k stream-K tiles) compile for
+    sm_90a and are refused where they do not apply."""
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
     cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, wfrag=True, wperm=True,

@@ -159,17 +159,23 @@ def test_nodecode_diagnostic_keeps_the_wgmmas_and_drops_the_decode(tmp_path):
     from nvfp4_ops.kernels import linear_cuda as L
 
     shipped = L.linear_config(7168, 18432, 16, wfrag=True)
-    assert shipped.stage_k == 128
-    # the shipped 128-k-stage tile (block scales from the stage) and the 64-k one (from global)
-    for stage_k, loads in ((128, "ld.shared.u16"), (64, "ld.global.nc")):
-        tile = dataclasses.replace(shipped, stage_k=stage_k, stages=4 if stage_k == 128 else 6)
+    assert shipped.stage_k == 128 and shipped.stage_scales
+    # the shipped 128-k-stage tile (a 4-byte scale load per stage from the stage; the weight
+    # words are 4-byte shared loads too), the 128-k one with a 2-byte scale load per 64-k tile
+    # and the 64-k one (scales from global memory)
+    for name, fields, loads, gone in (
+            ("sts", {}, "ld.shared.b32", False),
+            ("k128", dict(stage_scales=False), "ld.shared.u16", True),
+            ("k64", dict(stage_k=64, stages=6, stage_scales=False), "ld.global.nc", True)):
+        tile = dataclasses.replace(shipped, **fields)
         diag = dataclasses.replace(tile, decode=False)
         assert "_nodec" in diag.name and diag.name.replace("_nodec", "") == tile.name
-        texts = {name: kernel_ptx(cfg, tmp_path / f"{name}{stage_k}")
-                 for name, cfg in (("tile", tile), ("diag", diag))}
+        texts = {kind: kernel_ptx(cfg, tmp_path / f"{kind}_{name}")
+                 for kind, cfg in (("tile", tile), ("diag", diag))}
         assert (texts["diag"].count("wgmma.mma_async") == texts["tile"].count("wgmma.mma_async")
                 > 0)
-        assert texts["tile"].count(loads) > texts["diag"].count(loads) == 0
+        assert texts["tile"].count(loads) > texts["diag"].count(loads), name
+        assert texts["diag"].count(loads) == 0 or not gone, name
         assert len(texts["diag"]) < len(texts["tile"])
     with pytest.raises(ValueError, match="wfrag"):
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", False, False, 128, 2, 1, 4, decode=False)

@@ -224,20 +224,16 @@ class WgmmaConfig(GemmProblem):
     stage_k: int = BLOCK_K
     #: stream-K fix-up publishes and acquires the parked pieces with one acquire-release atomic
     #: by thread 0 between CTA barriers, instead of a GPU-scope fence in every thread
-    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`)
+    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`). Dispatched with
+    #: ``stage_scales`` for the 128-k stream-K tiles (``linear_cuda._streamk_tile``)
     lite_fixup: bool = False
     #: 128-k stages: each lane reads its row's scales for both 64-k tiles of the stage with one
     #: ``ld.shared.b32`` at the stage's start and converts them there (two pairs), instead of
-    #: one 2-byte load and conversion per 64-k tile
+    #: one 2-byte load and conversion per 64-k tile. Together with ``lite_fixup`` (H200,
+    #: ``dev_ab_wfrag --flush read``, benchmarks/results/h200_2026-12-01_s14): M = 16
+    #: 36.5-37.3 -> 35.6-36.1 us (6 runs), M = 32 39.9-40.7 -> 39.3-40.4 (3), M = 128
+    #: 60.1-60.9 -> 59.1-59.4 (1)
     stage_scales: bool = False
-    #: with ``stage_scales``: a stage pair's 16-byte scale box is loaded once, with its even
-    #: stage (or a stream-K piece's first), and the odd stage reads it from the even stage's
-    #: ring slot, which it still holds then (half the TMA requests of 16 bytes)
-    scale_pairs: bool = False
-    #: experiment (128-k stages): the weight bytes are stored stage box by stage box, each a
-    #: contiguous ``(64 * row_wgs) x 64``-byte block (``benchmarks/dev_ab_wfrag.to_wtile``),
-    #: so a stage's TMA box reads 4-12 KB in a row instead of 64 bytes of each of its rows
-    wtile: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -283,10 +279,6 @@ class WgmmaConfig(GemmProblem):
             raise ValueError("lite_fixup is for stream-K tiles")
         if self.stage_scales and self.stage_k != 128:
             raise ValueError("stage_scales is for stage_k=128")
-        if self.scale_pairs and not self.stage_scales:
-            raise ValueError("scale_pairs needs stage_scales")
-        if self.wtile and self.stage_k != 128:
-            raise ValueError("wtile is for stage_k=128")
         if not self.compute and self.decode:
             raise ValueError("compute=False (diagnostics) needs decode=False")
         if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
@@ -339,8 +331,7 @@ class WgmmaConfig(GemmProblem):
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
             f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
-            f"{'_sts' if self.stage_scales else ''}{'_sp' if self.scale_pairs else ''}"
-            f"{'_wt' if self.wtile else ''}_{self.arch}"
+            f"{'_sts' if self.stage_scales else ''}_{self.arch}"
         )
 
     @property
@@ -562,10 +553,6 @@ class W4A16WgmmaGemm:
         self.w_stage_bytes = self.num_boxes * 32 * self.box_bytes  # weight bytes per stage
         self.threads = 128 * (cfg.consumers + 1)
         self.tx_bytes = cfg.stage_bytes
-        # scale_pairs: the scale box's bytes are expected by the stages that load it
-        self.scale_box_bytes = self.box_rows * 16 if self.sub > 1 else 0
-        if cfg.scale_pairs:
-            self.tx_bytes -= self.scale_box_bytes
         # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
         # gives registers back, the consumers take them. setmaxnreg moves registers only within
         # the CTA's own allocation, which ptxas fixes from the launch bound: 65536 / threads
@@ -604,17 +591,11 @@ class W4A16WgmmaGemm:
             (bm, BLOCK_K),
         )
         # weights as one [G*N, K/2] byte matrix: row expert*N + n; 32 x 32-byte boxes
-        wb = self.box_bytes
-        rows = w.shape[0] * cfg.n
         w2 = cute.make_tensor(
-            w.iterator, cute.make_layout((rows, cfg.k // 2), stride=(cfg.k // 2, 1)))
-        if const_expr(cfg.wtile):
-            # the same matrix, stored box by box (to_wtile): ((row in box, box row), (byte in
-            # box, box column))
-            br = self.box_rows
-            w2 = cute.make_tensor(w.iterator, cute.make_layout(
-                ((br, rows // br), (wb, cfg.k // 2 // wb)),
-                stride=((wb, br * (cfg.k // 2)), (1, br * wb))))
+            w.iterator,
+            cute.make_layout((w.shape[0] * cfg.n, cfg.k // 2), stride=(cfg.k // 2, 1)),
+        )
+        wb = self.box_bytes
         box_layout = cute.slice_(self.w_layout(1), (None, None, 0))
         tma_w, m_w = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (self.box_rows, wb)
@@ -887,17 +868,10 @@ class W4A16WgmmaGemm:
                 for kt in cutlass.range(k0, k1, unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    if const_expr(self.cfg.scale_pairs):
-                        # before any copy of the stage: its tx count never reaches 0 early
-                        if kt % 2 == 0 or kt == k0:
-                            with cute.arch.elect_one():  # the lane that issues the copies
-                                cute.arch.mbarrier_expect_tx(bar, self.scale_box_bytes)
-                            cute.copy(tma_s, t_gs[(None, tn, kt // 2)],
-                                      t_ss[(None, state.index)], tma_bar_ptr=bar)
                     for q in cutlass.range_constexpr(sub):
                         cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
                                   t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
-                    if const_expr(sub > 1 and not self.cfg.scale_pairs):
+                    if const_expr(sub > 1):
                         # stages kt & ~1 and kt | 1 share a 16-byte box
                         cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
                                   tma_bar_ptr=bar)
@@ -1357,12 +1331,7 @@ class W4A16WgmmaGemm:
             if not last:
                 pipe.consumer_wait(state)
                 if const_expr(stage_sc and self.cfg.decode):
-                    slot = state.index
-                    if const_expr(self.cfg.scale_pairs):
-                        # an odd stage (never a piece's first here): its pair's box sits in
-                        # the previous stage's slot
-                        slot = (slot + self.stages - ss[1] % 2) % self.stages
-                    self.load_stage_scales(sc, ss[0], slot, ss[1])
+                    self.load_stage_scales(sc, ss[0], state.index, ss[1])
                 elif const_expr(ss is not None and self.cfg.decode):
                     # the next stage's first tile's scales, from its scale box
                     sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
