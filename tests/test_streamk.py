@@ -47,17 +47,17 @@ def test_streamk_split_and_owners(items, per_item, ctas):
 #: WGMMA (N, K, M, block_m, row_wgs, stages, streamk[, stage_k]): the issue's 128-token shapes
 #: (three and two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles
 #: (M = 199), a narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k
-#: tiles), and the 128-k-stage tiles (block scales by TMA; the dispatch adds the options below)
+#: tiles), and the 128-k-stage tiles (block scales by TMA, one load per lane and stage)
 WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 6, 3), (7168, 18432, 29, 32, 1, 6, 2),
                (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1),
                (18432, 7168, 16, 16, 1, 4, 3, 128), (7168, 18432, 13, 16, 1, 4, 3, 128),
                (7168, 18432, 29, 32, 1, 4, 3, 128), (18432, 7168, 199, 128, 2, 4, 1, 128),
                (1024, 4096, 77, 128, 2, 4, 1, 128),
-               # the acquire-release fix-up and per-stage scale loads (dispatched with 128-k
-               # stages since session 14; the cases above without them keep the other path)
-               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, stage_scales=True)),
-               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, stage_scales=True)),
+               # the acquire-release fix-up (dispatched with 128-k stages since session 14;
+               # the cases above without it keep the fences)
+               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True)),
+               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True)),
                (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True))]
 
 
@@ -163,20 +163,24 @@ def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
         assert cfg.stage_bytes * cfg.num_stages * cfg.streamk <= 227 * 1024, cfg.name
 
 
-def test_branch_options_compile_and_errors():
-    """``lite_fixup`` and ``stage_scales`` (dispatched for 128-k stream-K tiles) compile for
-    sm_90a and are refused where they do not apply."""
+def test_lite_fixup_compiles_and_errors(tmp_path):
+    """``lite_fixup`` (dispatched for 128-k stream-K tiles) compiles for sm_90a, with one
+    acquire-release atomic and no GPU-scope fence in its fix-up, and is refused off
+    stream-K."""
+    import dataclasses
+
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
+    from nvfp4_ops.testing import kernel_ptx
 
     cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, wfrag=True, wperm=True,
-                        streamk=3, stage_k=128, lite_fixup=True, stage_scales=True)
-    assert cfg.name.endswith("_k128_lf_sts_sm_90a")
-    assert callable(W.compile_gemm(cfg))
+                        streamk=3, stage_k=128, lite_fixup=True)
+    assert cfg.name.endswith("_k128_lf_sm_90a")
+    texts = {lf: kernel_ptx(dataclasses.replace(cfg, lite_fixup=lf), tmp_path / str(lf))
+             for lf in (False, True)}
+    assert texts[True].count("atom.acq_rel.gpu") == 1 and "fence.acq_rel.gpu" not in texts[True]
+    assert texts[False].count("fence.acq_rel.gpu") > 0 and "atom.acq_rel" not in texts[False]
     with pytest.raises(ValueError, match="lite_fixup is for stream-K"):
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, lite_fixup=True)
-    with pytest.raises(ValueError, match="stage_scales is for stage_k=128"):
-        W.WgmmaConfig(18432, 7168, "none", False, False, 16, 1, 1, 6, wfrag=True, streamk=3,
-                      stage_scales=True)
 
 
 def test_dispatched_streamk_configs_compile():

@@ -159,14 +159,12 @@ def test_nodecode_diagnostic_keeps_the_wgmmas_and_drops_the_decode(tmp_path):
     from nvfp4_ops.kernels import linear_cuda as L
 
     shipped = L.linear_config(7168, 18432, 16, wfrag=True)
-    assert shipped.stage_k == 128 and shipped.stage_scales
-    # the shipped 128-k-stage tile (a 4-byte scale load per stage from the stage; the weight
-    # words are 4-byte shared loads too), the 128-k one with a 2-byte scale load per 64-k tile
-    # and the 64-k one (scales from global memory)
+    assert shipped.stage_k == 128
+    # the shipped 128-k-stage tile (a 4-byte scale load per lane and stage from the stage; the
+    # weight words are 4-byte shared loads too) and the 64-k one (scales from global memory)
     for name, fields, loads, gone in (
-            ("sts", {}, "ld.shared.b32", False),
-            ("k128", dict(stage_scales=False), "ld.shared.u16", True),
-            ("k64", dict(stage_k=64, stages=6, stage_scales=False), "ld.global.nc", True)):
+            ("k128", {}, "ld.shared.b32", False),
+            ("k64", dict(stage_k=64, stages=6), "ld.global.nc", True)):
         tile = dataclasses.replace(shipped, **fields)
         diag = dataclasses.replace(tile, decode=False)
         assert "_nodec" in diag.name and diag.name.replace("_nodec", "") == tile.name

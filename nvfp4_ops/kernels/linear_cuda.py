@@ -164,10 +164,11 @@ def _streamk_tile(cfg, m_tiles: int | None):
       ab/ab_ss2.log``, 4 stages vs the 64-k tiles above, ``dev_ab_wfrag --flush read``):
       M = 16 37.2 vs 41.0 (7168, 18432), 36.6 vs 39.4 (18432, 7168); M = 32 40.7 vs 44.5,
       40.0 vs 42.8; M = 128 60.8 vs 67.6, 60.0 vs 64.8. 3 and 5 stages within 1 µs of 4.
-    * With the acquire-release fix-up and one scale load per lane and stage (``lite_fixup``,
-      ``stage_scales``; session 14, ``h200_2026-12-01_s14/ab/``, same method): M = 16
-      35.6-36.1 vs 36.5-37.3 (6 runs), M = 32 39.3-40.4 vs 39.9-40.7 (3), M = 128 59.1-59.4
-      vs 60.1-60.9 (1). 5 and 6 stages were no faster, 8 slower (37.7-38.8 at M = 16).
+    * With the acquire-release fix-up (``lite_fixup``) and one scale load per lane and
+      stage instead of per 64-k tile (session 14, ``h200_2026-12-01_s14/ab/``, same
+      method): M = 16 35.6-36.1 vs 36.5-37.3 (6 runs), M = 32 39.3-40.4 vs 39.9-40.7 (3),
+      M = 128 59.1-59.4 vs 60.1-60.9 (1). 5 and 6 stages were no faster, 8 slower
+      (37.7-38.8 at M = 16).
     """
     if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
         return None
@@ -186,7 +187,7 @@ def _streamk_tile(cfg, m_tiles: int | None):
         return None
     if cfg.k % 128 == 0:
         tile = dataclasses.replace(tile, stage_k=128, stages=STREAMK_WIDE_STAGES,
-                                   lite_fixup=True, stage_scales=True)
+                                   lite_fixup=True)
     return tile
 
 

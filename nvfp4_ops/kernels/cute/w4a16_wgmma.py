@@ -75,15 +75,18 @@ Wide stages (``stage_k=128``, stream-K ``wfrag`` tiles). A stage holds 128 k: on
 ``[block_m, 64]`` activation boxes, and the block scales: a ``(rows, 16 bytes)`` box of the
 ``[N, K/16]`` scale matrix at column ``16 * (kt // 2)``, which holds this stage's 8 bytes per
 row and its pair's (a TMA box row is at least 16 bytes; each pair is read twice from L2). The
-consumers run :meth:`W4A16WgmmaGemm.tile` twice per stage and read their scale pair from the
-stage with ``ld.shared`` after the stage's wait, instead of ``ld.global`` one tile ahead.
+consumers run :meth:`W4A16WgmmaGemm.tile` twice per stage; after the stage's wait each lane
+reads 4 scale bytes with one ``ld.shared`` (its row, one 64-k tile, both chunks) and converts
+them, instead of ``ld.global`` one tile ahead.
 Why (H200, M = 16, session 13, ``benchmarks/results/h200_2026-12-01_s13``): with the decode
 and the WGMMAs switched off (``decode=False, compute=False``) the 64-k ring alone took
 30.4-32.2 us at (N, K) = (7168, 18432) / (18432, 7168), as long as the tile without the decode
 (30.7-33.2): the ring, 32 bytes per weight row per stage, was the floor. With 128-k stages it
-took 25.9-27.7. The scales' global loads cost 4-5 us more (ncu: the scale conversion waiting
-on them was the most sampled consumer stall after the ring's barrier wait). ``bench_linear``
-M = 16: 38.2-39.3 -> 34.5-35.0 us.
+took 25.9-27.7 (with a consumer that freed each stage at once; the real loop without decode
+and WGMMAs takes 31.5-32.7, session 14). The scales' global loads cost 4-5 us more (ncu: the
+scale conversion waiting on them was the most sampled consumer stall after the ring's barrier
+wait). ``bench_linear`` M = 16: 38.2-39.3 -> 34.5-35.0 us (one 2-byte scale load per 64-k
+tile then), 33.1-33.4 with the per-stage load and ``lite_fixup`` (session 14, one run).
 
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
@@ -220,20 +223,20 @@ class WgmmaConfig(GemmProblem):
     #: the loads' latency
     scales: bool = True
     #: k per pipeline stage: 64, or 128 for stream-K ``wfrag`` tiles ("Wide stages" in the
-    #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too)
+    #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too; each
+    #: lane reads its row's scales for both 64-k tiles of a stage with one ``ld.shared.b32``
+    #: at the stage's start, :meth:`W4A16WgmmaGemm.load_stage_scales`)
     stage_k: int = BLOCK_K
     #: stream-K fix-up publishes and acquires the parked pieces with one acquire-release atomic
     #: by thread 0 between CTA barriers, instead of a GPU-scope fence in every thread
-    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`). Dispatched with
-    #: ``stage_scales`` for the 128-k stream-K tiles (``linear_cuda._streamk_tile``)
-    lite_fixup: bool = False
-    #: 128-k stages: each lane reads its row's scales for both 64-k tiles of the stage with one
-    #: ``ld.shared.b32`` at the stage's start and converts them there (two pairs), instead of
-    #: one 2-byte load and conversion per 64-k tile. Together with ``lite_fixup`` (H200,
-    #: ``dev_ab_wfrag --flush read``, benchmarks/results/h200_2026-12-01_s14): M = 16
+    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`). Dispatched for the
+    #: 128-k stream-K tiles (``linear_cuda._streamk_tile``). With the per-stage scale load
+    #: (H200, ``dev_ab_wfrag --flush read``, benchmarks/results/h200_2026-12-01_s14): M = 16
     #: 36.5-37.3 -> 35.6-36.1 us (6 runs), M = 32 39.9-40.7 -> 39.3-40.4 (3), M = 128
-    #: 60.1-60.9 -> 59.1-59.4 (1)
-    stage_scales: bool = False
+    #: 60.1-60.9 -> 59.1-59.4 (1); each alone gave about half. The 64-k stream-K tiles
+    #: (K % 128 != 0) still use the fences: the atomic is GPU-tested there (tests/test_streamk)
+    #: but not timed
+    lite_fixup: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -277,8 +280,6 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
         if self.lite_fixup and not self.streamk:
             raise ValueError("lite_fixup is for stream-K tiles")
-        if self.stage_scales and self.stage_k != 128:
-            raise ValueError("stage_scales is for stage_k=128")
         if not self.compute and self.decode:
             raise ValueError("compute=False (diagnostics) needs decode=False")
         if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
@@ -331,7 +332,7 @@ class WgmmaConfig(GemmProblem):
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
             f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
-            f"{'_sts' if self.stage_scales else ''}_{self.arch}"
+            f"_{self.arch}"
         )
 
     @property
@@ -477,12 +478,6 @@ def _shfl_quad_from(value: Int32, src: Int32):
     """:func:`_shfl_quad` with a per-lane source (0-3) held in a register."""
     return inline_ptx("shfl.sync.idx.b32 {$w0}, {$r0}, {$r1}, 0x1c03, 0xffffffff;",
                       write_only_types=[Int32], read_only_args=[value, src])
-
-
-def _lds_u16_at(addr: Int32, offset: int):
-    """2-byte shared-memory load at ``addr + offset`` (a static byte offset), zero-extended."""
-    return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
-                      write_only_types=[Int32], read_only_args=[addr])
 
 
 def _lds_u32_at(addr: Int32, offset: int):
@@ -906,14 +901,11 @@ class W4A16WgmmaGemm:
         s_base = w_scale.iterator.toint()
         ss = None
         if const_expr(self.sub > 1):
-            # this lane's share of its quad's scales (load_scales): the lo row (quad lanes 0-1)
-            # or the hi row (2-3), first or second 32-k chunk; 16 bytes per row per stage
+            # this lane's share of its quad's scales (load_stage_scales): the lo row (quad
+            # lanes 0-1) or the hi row (2-3), both 32-k chunks of 64-k tile quad % 2; the
+            # scale box holds 16 bytes per row (a stage pair)
             srow = 64 * wg + 16 * wq + grp + 8 * (quad // 2)
-            if const_expr(self.cfg.stage_scales):
-                # both pairs of 64-k tile quad % 2 (load_stage_scales)
-                ss = s_s.iterator.toint() + srow * 16 + 4 * (quad % 2)
-            else:
-                ss = s_s.iterator.toint() + srow * 16 + 2 * (quad % 2)
+            ss = s_s.iterator.toint() + srow * 16 + 4 * (quad % 2)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
 
@@ -931,10 +923,8 @@ class W4A16WgmmaGemm:
                 if const_expr(self.sub == 1):
                     self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
-                if const_expr(self.cfg.stage_scales and self.cfg.decode):
+                if const_expr(self.sub > 1 and self.cfg.decode):
                     self.load_stage_scales(sc, ss, state.index, k0)
-                elif const_expr(self.sub > 1 and self.cfg.decode):
-                    sc[0] = _lds_u16_at(self.scale_addr(ss, state.index, k0), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
                 # the stages as in :meth:`consumer`: first, middle, last (or a single one)
@@ -964,14 +954,12 @@ class W4A16WgmmaGemm:
         """The ``sub`` 64-k tiles of stream-K stage ``kt`` (:meth:`tile`); before each, the
         block scales move one tile on (not before the output tile's first) and the next
         tile's are loaded (not before its last); with 128-k stages (``ss``: this lane's
-        scale address in stage 0) the next tile's come from the stage's scale box instead.
-        Plain Python, inlined while tracing."""
+        scale address in stage 0) the stage's scales are already in registers
+        (:meth:`load_stage_scales`, at each stage's wait). Plain Python, inlined while
+        tracing."""
         sub = self.sub
         for q in range(sub):
             if const_expr(sub > 1):
-                if q < sub - 1 and self.cfg.decode and not self.cfg.stage_scales:
-                    # the stage's next 64-k tile (the box holds stage kt & ~1 and the next)
-                    sc[2] = _lds_u16_at(self.scale_addr(ss, state.index, kt), 4 * (q + 1))
                 state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q,
                                        (ss, kt + 1))
                 continue
@@ -984,7 +972,7 @@ class W4A16WgmmaGemm:
         return state, rel
 
     def load_stage_scales(self, sc, ss, index, kt):
-        """``stage_scales``: this lane's 4 scale bytes of stage ``kt`` (its row, both 32-k
+        """128-k stages: this lane's 4 scale bytes of stage ``kt`` (its row, both 32-k
         chunks of 64-k tile ``quad % 2``) converted into ``sc[0]`` / ``sc[1]`` (chunk 0 / 1,
         bf16x2 ``* 2^119``); :meth:`load_chunk` shuffles them from lane ``q`` (lo row) and
         ``2 + q`` (hi row) of the quad (plain Python)."""
@@ -1242,7 +1230,7 @@ class W4A16WgmmaGemm:
                 raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(not self.cfg.decode):
                 return
-            if const_expr(self.cfg.stage_scales):
+            if const_expr(self.sub > 1):
                 # sc_lo: this lane's converted pair of chunk j (load_stage_scales); the lo row's
                 # of 64-k tile q sits in quad lane q, the hi row's in lane 2 + q
                 scl[0] = _shfl_quad(sc_lo, q)
@@ -1317,7 +1305,7 @@ class W4A16WgmmaGemm:
         nsplit = self.cfg.split_k
         idx = state.index
         stage_w = w_smem + idx * stage_bytes_w
-        stage_sc = self.cfg.stage_scales
+        stage_sc = self.sub > 1  # the stage's scales in registers (load_stage_scales)
         self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0, q)
         self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[1] if stage_sc else sc[0], sc[1],
                         1, sel, q)
@@ -1332,9 +1320,6 @@ class W4A16WgmmaGemm:
                 pipe.consumer_wait(state)
                 if const_expr(stage_sc and self.cfg.decode):
                     self.load_stage_scales(sc, ss[0], state.index, ss[1])
-                elif const_expr(ss is not None and self.cfg.decode):
-                    # the next stage's first tile's scales, from its scale box
-                    sc[2] = _lds_u16_at(self.scale_addr(ss[0], state.index, ss[1]), 0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0] if stage_sc else sc[2], sc[3], 0, sel)
         else:
