@@ -79,15 +79,15 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
 DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma", "nomma st6", "nomma st8")
+              "nomma", "nomma st6", "nomma st8", "nosc")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
     "nomma": dict(decode=False, compute=False),
-    **{f"nomma st{st}": dict(decode=False, compute=False, stages=st) for st in (6, 8)},
-    # deeper or shallower rings (16-token tiles: 3 CTAs per SM still fit 8 stages of 9 KB)
-    **{f"st{st}": dict(stages=st) for st in (3, 5, 6, 8)},
-    # without session 14's fix-up (GPU fences in every thread)
-    "no lf": dict(lite_fixup=False),
+    # without session 15's scales a stage ahead (the TMA scale box, converted at each stage)
+    "no sa": dict(scale_ahead=False),
+    # diagnostics: every stage reuses its output tile's first scales (no per-stage scale
+    # load, conversion or shuffle; wrong outputs)
+    "nosc": dict(scales=False),
 }
 
 

@@ -58,7 +58,20 @@ WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1
                # the cases above without it keep the fences)
                (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True)),
                (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True)),
-               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True))]
+               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True)),
+               # the block scales by cp.async, each stage's slot holding the next stage's
+               # (dispatched at 16-32 tokens since session 15); K = 4224: an odd number of
+               # 128-k stages, the last one's "next" zero-filled
+               *[(n, k, m, bm, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True))
+                 for n, k, m, bm in ((18432, 7168, 16, 16), (7168, 18432, 13, 16),
+                                     (7168, 18432, 29, 32), (4096, 4224, 16, 16))],
+               # launch overlap (dispatched for every stream-K tile since session 15)
+               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True,
+                                                        pdl=True)),
+               (7168, 18432, 29, 32, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True,
+                                                        pdl=True)),
+               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, pdl=True)),
+               (1024, 4096, 77, 128, 2, 8, 1, 64, dict(pdl=True))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():
@@ -229,3 +242,69 @@ def test_streamk_linear_in_cuda_graph_on_gpu(m):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, nvfp4_ops.linear(x, w, ws, wg, wfrag=True))
+
+
+@pytest.mark.gpu
+def test_streamk_chain_overlaps_and_reuses_counters_in_a_graph():
+    """Two dense stream-K linears back to back, the second reading the first's output (launch
+    overlap lets it start while the first finishes), eager and in a CUDA graph replayed with
+    new inputs: each output within fp32-order noise of the reference on the same input, the
+    graph bitwise equal to eager; under capture the tile counters come from one buffer per
+    capture (the capture's id was read), and every buffer is back at zero."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import nvfp4_ops
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.reference import linear_fp32
+
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    layers = []
+    for n, k in ((7168, 18432), (18432, 7168)):
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+        s = (torch.rand(n, k // 16, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
+        g = torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3
+        layers.append((w, nvfp4_ops.to_wfrag_(w.clone()), s, g))
+        assert L.linear_config(n, k, 16, wfrag=True).pdl
+
+    def chain(x):
+        ys = []
+        for _, wf, s, g in layers:
+            x = nvfp4_ops.linear(x, wf, s, g, wfrag=True)
+            ys.append(x)
+        return ys
+
+    def check(x, ys):
+        for (w, _, s, g), inp, y in zip(layers, (x, ys[0]), ys):
+            ref = linear_fp32(inp, w, s, g)
+            assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3
+
+    x = torch.randn(16, 18432, device="cuda", generator=gen).to(torch.bfloat16)
+    check(x, chain(x))
+    static_x = x.clone()
+    chain(static_x)  # warm on this stream too
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_ys = chain(static_x)
+    assert any(key[0] == "graph" for key in L._counters), "capture id not read"
+    for _ in range(3):
+        x = torch.randn(16, 18432, device="cuda", generator=gen).to(torch.bfloat16)
+        static_x.copy_(x)
+        graph.replay()
+        eager = chain(x)
+        torch.cuda.synchronize()
+        check(x, eager)
+        for a, b in zip(static_ys, eager):
+            assert torch.equal(a, b)
+    assert all(int(buf.abs().sum()) == 0 for buf in L._counters.values())
+
+
+def test_streamk_counters_env_is_checked(monkeypatch):
+    """``NVFP4_OPS_STREAMK_COUNTERS`` takes ``reuse`` or ``per-call``; anything else is refused
+    by name before any CUDA call."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    monkeypatch.setenv(L.STREAMK_COUNTERS_ENV, "sometimes")
+    with pytest.raises(ValueError, match="NVFP4_OPS_STREAMK_COUNTERS must be 'reuse' or "
+                                         "'per-call', got 'sometimes'"):
+        L.streamk_counters(4, torch.device("cuda", 0))

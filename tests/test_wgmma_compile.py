@@ -164,7 +164,7 @@ def test_nodecode_diagnostic_keeps_the_wgmmas_and_drops_the_decode(tmp_path):
     # weight words are 4-byte shared loads too) and the 64-k one (scales from global memory)
     for name, fields, loads, gone in (
             ("k128", {}, "ld.shared.b32", False),
-            ("k64", dict(stage_k=64, stages=6), "ld.global.nc", True)):
+            ("k64", dict(stage_k=64, stages=6, scale_ahead=False), "ld.global.nc", True)):
         tile = dataclasses.replace(shipped, **fields)
         diag = dataclasses.replace(tile, decode=False)
         assert "_nodec" in diag.name and diag.name.replace("_nodec", "") == tile.name

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 from collections.abc import Iterable
 
 import torch
@@ -169,6 +170,13 @@ def _streamk_tile(cfg, m_tiles: int | None):
       method): M = 16 35.6-36.1 vs 36.5-37.3 (6 runs), M = 32 39.3-40.4 vs 39.9-40.7 (3),
       M = 128 59.1-59.4 vs 60.1-60.9 (1). 5 and 6 stages were no faster, 8 slower
       (37.7-38.8 at M = 16).
+    * Session 15 (``h200_2026-12-01_s15/``, ``bench_linear``, two alternating rounds each):
+      the block scales a stage ahead (``scale_ahead``, 16-32 tokens) M = 16 32.6-33.1 ->
+      31.8-32.1 µs, M = 32 37.0-38.1 -> 36.5-36.9 (``validate/``); then the counters reused
+      (:func:`streamk_counters`) 31.7-32.0 -> 30.9-31.4 at M = 16, and launch overlap
+      (``pdl``, every stream-K tile) 29.9-30.1 at M = 16, 33.5-34.2 at M = 32, 56.3-57.6 at
+      M = 128 (``pdl/``). K % 128 != 0 never reaches this tile: :func:`supported` sends
+      such shapes to the reference.
     """
     if cfg.grouped or cfg.epilogue != "none" or m_tiles is None:
         return None
@@ -186,9 +194,10 @@ def _streamk_tile(cfg, m_tiles: int | None):
     if units < STREAMK_MIN_K_TILES * wg.NUM_SMS * per_sm:
         return None
     if cfg.k % 128 == 0:
+        ahead = cfg.block_m <= 32
         tile = dataclasses.replace(tile, stage_k=128, stages=STREAMK_WIDE_STAGES,
-                                   lite_fixup=True)
-    return tile
+                                   lite_fixup=True, scale_ahead=ahead)
+    return dataclasses.replace(tile, pdl=True)
 
 
 def _stream_tma2d(cfg) -> bool:
@@ -583,14 +592,76 @@ def _sm_count(device: torch.device) -> int:
 
 def streamk_scratch(cfg, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(counters, scratch)`` for a dense stream-K WGMMA config (``WgmmaConfig.streamk`` CTAs
-    per SM; :mod:`nvfp4_ops.kernels.cute.streamk`): int32 zeros, one per output tile, and
-    int32 words for two fp32 partial sums per CTA, whose number the kernel reads off the
-    scratch's length: ``min(units, SMs * streamk)`` CTAs for ``units`` (tile, K unit) pairs.
-    Allocated per call (the counters' zeroing is a memset node in a CUDA graph)."""
+    per SM; :mod:`nvfp4_ops.kernels.cute.streamk`): int32 zeros, one per output tile
+    (:func:`streamk_counters`), and int32 words for two fp32 partial sums per CTA, whose
+    number the kernel reads off the scratch's length: ``min(units, SMs * streamk)`` CTAs for
+    ``units`` (tile, K unit) pairs. The scratch is allocated per call (no kernel touches it
+    before writing it)."""
     items, units = cfg.streamk_units(num_rows)
     ctas = min(units, _sm_count(device) * cfg.streamk)
-    return (torch.zeros(items, dtype=torch.int32, device=device),
+    return (streamk_counters(items, device),
             torch.empty(ctas * 2 * cfg.partial_len, dtype=torch.int32, device=device))
+
+
+#: ``NVFP4_OPS_STREAMK_COUNTERS``: ``reuse`` (default) or ``per-call`` (:func:`streamk_counters`)
+STREAMK_COUNTERS_ENV = "NVFP4_OPS_STREAMK_COUNTERS"
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def streamk_counters(items: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 tile counters ``[items]`` for a stream-K launch on the current stream.
+
+    The kernel leaves its counters at zero (each tile's last piece resets its own), so one
+    buffer serves every launch that cannot overlap another one using it:
+    * eager: one buffer per (device, stream, ``items``), zeroed once when first made;
+    * under CUDA-graph capture: one per (capture, capturing stream, ``items``), made (and its
+      zeroing captured) at the first call of that capture; each replay zeroes it once, at
+      that point. Launches in different graphs, on different streams or on different branches
+      of one capture never share a buffer; those sharing one are ordered by their stream.
+    Why: a fresh buffer per call puts a memset before every stream-K kernel (a graph node
+    that also keeps launch overlap from reaching the kernel); on H200 ``bench_linear`` M = 16
+    took 0.5-0.9 us less without it (benchmarks/results/h200_2026-12-01_s15/persist).
+    ``NVFP4_OPS_STREAMK_COUNTERS=per-call`` restores a fresh zeroed buffer per call.
+
+    Raises:
+        ValueError: the environment variable holds something else.
+    """
+    mode = os.environ.get(STREAMK_COUNTERS_ENV, "reuse")
+    if mode not in ("reuse", "per-call"):
+        raise ValueError(f"{STREAMK_COUNTERS_ENV} must be 'reuse' or 'per-call', got {mode!r}")
+    stream = torch.cuda.current_stream(device)
+    if mode == "reuse" and torch.cuda.is_current_stream_capturing():
+        capture = _capture_id(stream.cuda_stream)
+        key = None if capture is None else ("graph", capture, stream.cuda_stream, items)
+        if key is not None and key not in _counters:
+            # entries of earlier captures are no longer used: their graphs zero their own
+            for old in [k for k in _counters if k[0] == "graph" and k[1] != capture]:
+                del _counters[old]
+    elif mode == "reuse":
+        key = ("eager", device.index, stream.cuda_stream, items)
+    else:
+        key = None
+    if key is None:
+        return torch.zeros(items, dtype=torch.int32, device=device)
+    buf = _counters.get(key)
+    if buf is None:
+        buf = _counters[key] = torch.zeros(items, dtype=torch.int32, device=device)
+    return buf
+
+
+def _capture_id(stream: int) -> int | None:
+    """The process-unique id of the CUDA-graph capture the stream ``stream`` (a handle) is in;
+    None if it cannot be told (then :func:`streamk_counters` zeroes a buffer per call)."""
+    try:
+        from cuda.bindings import runtime as rt
+
+        err, status, capture = rt.cudaStreamGetCaptureInfo(stream)[:3]
+    except Exception:  # no cuda-python, or an API it does not have
+        return None
+    if (err != rt.cudaError_t.cudaSuccess
+            or status != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive):
+        return None
+    return int(capture)
 
 
 def _tile_rows(tile_rows, tile_expert, block_m, dev):

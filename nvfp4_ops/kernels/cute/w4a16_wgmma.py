@@ -196,9 +196,10 @@ class WgmmaConfig(GemmProblem):
     #: decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4`` decoder (one
     #: 4-byte shared load and one block scale) instead of gathering bytes from 16
     kperm: bool = False
-    #: programmatic dependent launch (grouped only: the MoE chain): the producer streams the
-    #: first stages' weights before ``griddepcontrol.wait``, activations only after it (the
-    #: ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
+    #: programmatic dependent launch (grouped: the MoE chain; dense stream-K tiles): the
+    #: producer streams the first stages' weights before ``griddepcontrol.wait``, activations
+    #: only after it; the consumers wait before they touch anything else, then let the next
+    #: kernel launch (the ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
     pdl: bool = False
     #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
@@ -218,9 +219,10 @@ class WgmmaConfig(GemmProblem):
     #: diagnostics (with ``decode=False``): False also skips the WGMMAs; the consumers only
     #: read the weight words and wait for and free each stage (the floor of the TMA ring)
     compute: bool = True
-    #: diagnostics (64-k stages): False skips the block scales' global loads (the decode
+    #: diagnostics: False skips the block scales' global loads (64-k stages; the decode
     #: multiplies by whatever the registers hold: wrong outputs), to time the decode without
-    #: the loads' latency
+    #: the loads' latency; 128-k stages: every stage reuses the scales of its output tile's
+    #: first (no per-stage shared load, conversion or quad shuffle)
     scales: bool = True
     #: k per pipeline stage: 64, or 128 for stream-K ``wfrag`` tiles ("Wide stages" in the
     #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too; each
@@ -237,6 +239,16 @@ class WgmmaConfig(GemmProblem):
     #: (K % 128 != 0) still use the fences: the atomic is GPU-tested there (tests/test_streamk)
     #: but not timed
     lite_fixup: bool = False
+    #: 128-k stages: the producer warp copies the block scales with ``cp.async`` (8 bytes per
+    #: row, all 32 lanes, completing on the stage's full barrier through
+    #: ``cp.async.mbarrier.arrive``) instead of a TMA box, and each stage's slot holds the
+    #: *next* stage's scales as well (its row's second 8 bytes; the first 8 only at a stream-K
+    #: piece's first stage): the consumers load and convert them during a stage, so the next
+    #: stage starts with its scales in registers. Dispatched for the 16-32-token stream-K
+    #: tiles (``linear_cuda._streamk_tile``). H200 (session 15, benchmarks/results/
+    #: h200_2026-12-01_s15): ``bench_linear`` M = 16 32.6-33.1 -> 31.8-32.1 us, M = 32
+    #: 37.0-38.1 -> 36.5-36.9 (two alternating rounds); at M = 128 no gain
+    scale_ahead: bool = False
     arch: str = "sm_90a"
     #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
     #: unless this is set (for debugging them; not part of the compile key).
@@ -270,8 +282,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"N_out={self.n_out} must be a multiple of {self.features_per_cta}")
         if self.num_stages < 2:
             raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
-        if self.pdl and not self.grouped:
-            raise ValueError("pdl (launch overlap) is for grouped problems only")
+        if self.pdl and not (self.grouped or self.streamk):
+            raise ValueError("pdl (launch overlap) is for grouped problems and stream-K tiles")
         if self.k < 2 * BLOCK_K * self.split_k:
             raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
         if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
@@ -285,12 +297,14 @@ class WgmmaConfig(GemmProblem):
         if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
                                         or not self.wfrag or self.k % self.stage_k):
             raise ValueError("stage_k 128 is for stream-K wfrag tiles, K % 128 == 0")
+        if self.scale_ahead and self.stage_k != 128:
+            raise ValueError("scale_ahead is for 128-k stages")
         if not self.decode and not self.wfrag:
             raise ValueError("decode=False (diagnostics) is for wfrag tiles only")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
-                             or self.kperm or self.pdl):
+                             or self.kperm):
             raise ValueError("streamk is for dense 'none' problems (bias allowed) with "
-                             "split_k=1, without kperm or pdl")
+                             "split_k=1, without kperm")
 
     @property
     def consumers(self) -> int:
@@ -332,7 +346,7 @@ class WgmmaConfig(GemmProblem):
             f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
             f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
             f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
-            f"_{self.arch}"
+            f"{'_sa' if self.scale_ahead else ''}_{self.arch}"
         )
 
     @property
@@ -467,6 +481,19 @@ def _ldg_u32(addr: Int64):
     )
 
 
+def _cp_async_ca8(dst: Int32, src: Int64, src_bytes: Int32, predicate=None) -> None:
+    """8-byte ``cp.async`` global -> shared (through L1), reading ``src_bytes`` (0 or 8; the
+    rest are zeros); only where ``predicate`` holds (None: always)."""
+    inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
+               read_only_args=[dst, src, src_bytes], predicate=predicate)
+
+
+def _cp_async_mbarrier_arrive(bar: Int32) -> None:
+    """Arrive on the shared mbarrier at ``bar`` once this thread's earlier ``cp.async`` copies
+    have landed (the pending count is raised now, so the phase waits for them)."""
+    inline_ptx("cp.async.mbarrier.arrive.shared.b64 [{$r0}];", read_only_args=[bar])
+
+
 def _shfl_quad(value: Int32, src: int):
     """``value`` of lane ``src`` (static, 0-3) of this lane's quad (lanes ``4g .. 4g + 3``):
     ``shfl.sync.idx`` with segment mask 0x1c, so the source is a constant, not an address."""
@@ -547,7 +574,8 @@ class W4A16WgmmaGemm:
         self.box_bytes = cfg.stage_k // 2  # per row
         self.w_stage_bytes = self.num_boxes * 32 * self.box_bytes  # weight bytes per stage
         self.threads = 128 * (cfg.consumers + 1)
-        self.tx_bytes = cfg.stage_bytes
+        # bytes the TMA copies of a stage deliver (scale_ahead's cp.async ones arrive apart)
+        self.tx_bytes = cfg.stage_bytes - (self.box_rows * 16 if cfg.scale_ahead else 0)
         # register split (setmaxnreg, only when cfg.uses_setmaxnreg): the producer warpgroup
         # gives registers back, the consumers take them. setmaxnreg moves registers only within
         # the CTA's own allocation, which ptxas fixes from the launch bound: 65536 / threads
@@ -731,7 +759,7 @@ class W4A16WgmmaGemm:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                 if warp % 4 == 0:
                     self.producer_streamk(pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows,
-                                          tma_s, m_s, s_s)
+                                          tma_s, m_s, s_s, w_scale)
             else:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -843,42 +871,103 @@ class W4A16WgmmaGemm:
 
     @cute.jit
     def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows, tma_s=None,
-                         m_s=None, s_s=None):
+                         m_s=None, s_s=None, w_scale=None):
         """:meth:`producer` over this CTA's stream-K units: per output tile (feature tile
         ``i % n_tiles``, token tile ``i // n_tiles``) its stages ``k0 .. k1 - 1``."""
-        nb = self.num_boxes
         kt_n = self.k_tiles
         t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
         sub = self.sub
+        t_ss = t_gs = None
         if const_expr(sub > 1):
             g_s = cute.local_tile(m_s, (self.box_rows, 16), (None, None))
             t_ss, t_gs = cpasync.tma_partition(
                 tma_s, 0, cute.make_layout(1), cute.group_modes(s_s, 0, 2),
                 cute.group_modes(g_s, 0, 2))
         start, end, _, _, n_tiles = self.streamk_work(num_rows)
+        lane = cute.arch.lane_idx()
+        views = (tma_b, tma_w, tma_s, t_sb, t_gb, t_sw, t_gw, t_ss, t_gs, s_s, w_scale, lane)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if end > start:
-            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
-                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
-                for kt in cutlass.range(k0, k1, unroll=1):
-                    pipe.producer_acquire(state)
-                    bar = pipe.producer_get_barrier(state)
-                    for q in cutlass.range_constexpr(sub):
-                        cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
-                                  t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
-                    if const_expr(sub > 1):
-                        # stages kt & ~1 and kt | 1 share a 16-byte box
-                        cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
-                                  tma_bar_ptr=bar)
-                    if const_expr(self.box_rows > 32):
-                        cute.copy(tma_w, t_gw[(None, tn, kt)], t_sw[(None, state.index)],
-                                  tma_bar_ptr=bar)
-                    else:
-                        for b in cutlass.range_constexpr(nb):
-                            cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
-                                      t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
-                    pipe.producer_commit(state)
+            i0 = start // kt_n
+            skip = Int32(0)
+            if const_expr(self.cfg.pdl):
+                # launch overlap: the first item's first stages (weights, scales) stream while
+                # the previous kernel finishes; their activations (its output, perhaps) only
+                # after griddepcontrol.wait, on the same stage barriers
+                f0, f1, ftm, ftn = self.streamk_item(i0, start, end, n_tiles)
+                skip = cutlass.min(f1 - f0, self.stages)
+                for kt in cutlass.range(f0, f0 + skip, unroll=1):
+                    self.issue_stage(pipe, state, kt, f0, ftm, ftn, views, weights=True,
+                                     acts=False)
                     state.advance()
+                cute.arch.griddepcontrol_wait()
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.stages)
+                for kt in cutlass.range(f0, f0 + skip, unroll=1):
+                    self.issue_stage(pipe, early, kt, f0, ftm, ftn, views, weights=False,
+                                     acts=True)
+                    early.advance()
+            for i in cutlass.range(i0, (end - 1) // kt_n + 1, unroll=1):
+                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
+                for kt in cutlass.range(k0 + cutlass.select_(i == i0, skip, 0), k1, unroll=1):
+                    self.issue_stage(pipe, state, kt, k0, tm, tn, views)
+                    state.advance()
+
+    def issue_stage(self, pipe, state, kt, k0, tm, tn, views, weights=True, acts=True):
+        """Fill ring slot ``state`` with stage ``kt`` of output tile ``(tm, tn)`` (a stream-K
+        piece starting at ``k0``): acquire the slot and copy the weights and block scales
+        (``weights``), the activations (``acts``), on the slot's full barrier (plain Python,
+        inlined while tracing)."""
+        tma_b, tma_w, tma_s, t_sb, t_gb, t_sw, t_gw, t_ss, t_gs, s_s, w_scale, lane = views
+        sub = self.sub
+        nb = self.num_boxes
+        ahead = self.cfg.scale_ahead
+        if weights:
+            if const_expr(ahead):
+                # the cp.async copies and their arrive go first: the arrive raises the phase's
+                # pending count when issued, so the phase cannot complete on the TMA bytes alone
+                pipe.sync_object_empty.wait(state.index, state.phase)
+                self.copy_scales_ahead(state.index, kt, tn, lane, s_s, w_scale,
+                                       pipe.producer_get_barrier(state), kt == k0)
+                pipe.sync_object_full.arrive(state.index, pipe.producer_mask)
+            else:
+                pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        if acts:
+            for q in range(sub):
+                cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
+                          t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
+        if weights:
+            if const_expr(sub > 1 and not ahead):
+                # stages kt & ~1 and kt | 1 share a 16-byte box
+                cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
+                          tma_bar_ptr=bar)
+            if const_expr(self.box_rows > 32):
+                cute.copy(tma_w, t_gw[(None, tn, kt)], t_sw[(None, state.index)],
+                          tma_bar_ptr=bar)
+            else:
+                for b in range(nb):
+                    cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
+                              t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
+        if acts:
+            pipe.producer_commit(state)  # (a no-op for TMA: the copies complete the stage)
+
+    def copy_scales_ahead(self, index, kt, tn, lane, s_s, w_scale, bar, first):
+        """``scale_ahead``: this producer lane's ``cp.async`` copies of rows ``lane + 32 j``'s
+        block scales into ring slot ``index`` (16 bytes per row: bytes 0-7 stage ``kt``'s, only
+        where ``first``, the stream-K piece's first stage; 8-15 stage ``kt + 1``'s, zeros after
+        the last), then its ``cp.async.mbarrier.arrive`` on the slot's full barrier ``bar``
+        (plain Python, inlined while tracing)."""
+        cfg = self.cfg
+        dst = s_s.iterator.toint() + index * (self.box_rows * 16) + lane * 16
+        src = (w_scale.iterator.toint() + Int64(tn * self.box_rows + lane) * (cfg.k // 16)
+               + Int64(kt) * 8)
+        row_step = 32 * (cfg.k // 16)
+        more = cutlass.select_(kt + 1 < self.k_tiles, Int32(8), Int32(0))
+        for j in range(self.box_rows // 32):
+            _cp_async_ca8(dst + j * 512 + 8, src + Int64(j * row_step + 8), more)
+            _cp_async_ca8(dst + j * 512, src + Int64(j * row_step), Int32(8), first)
+        _cp_async_mbarrier_arrive(bar.toint())
 
     @cute.jit
     def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
@@ -908,6 +997,12 @@ class W4A16WgmmaGemm:
             ss = s_s.iterator.toint() + srow * 16 + 4 * (quad % 2)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
+        if const_expr(self.cfg.pdl):
+            # the counters, the scratch, the output (and the activations, through the ring)
+            # belong to the chain: wait for the previous kernel, then let the next one launch
+            cute.arch.griddepcontrol_wait()
+            if tidx == 0:
+                cute.arch.griddepcontrol_launch_dependents()
 
         start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -927,6 +1022,9 @@ class W4A16WgmmaGemm:
                     self.load_stage_scales(sc, ss, state.index, k0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
+                if const_expr(self.sub > 1 and self.cfg.decode and not self.cfg.scales):
+                    scl[0] = _shfl_quad(sc[0], 0)
+                    scl[1] = _shfl_quad(sc[0], 2)
                 # the stages as in :meth:`consumer`: first, middle, last (or a single one)
                 run = (pipe, tile_args, sc, s_lo, s_hi)
                 if k1 - k0 == 1:
@@ -971,18 +1069,21 @@ class W4A16WgmmaGemm:
             state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q)
         return state, rel
 
-    def load_stage_scales(self, sc, ss, index, kt):
+    def load_stage_scales(self, sc, ss, index, kt, slot: int = 0, which: int = 0):
         """128-k stages: this lane's 4 scale bytes of stage ``kt`` (its row, both 32-k
         chunks of 64-k tile ``quad % 2``) converted into ``sc[0]`` / ``sc[1]`` (chunk 0 / 1,
         bf16x2 ``* 2^119``); :meth:`load_chunk` shuffles them from lane ``q`` (lo row) and
         ``2 + q`` (hi row) of the quad (plain Python)."""
-        word = _lds_u32_at(self.scale_addr(ss, index, kt), 0)
-        sc[0] = scale_pair_pre(word)
-        sc[1] = scale_pair_pre(word >> 16)
+        word = _lds_u32_at(self.scale_addr(ss, index, kt, which), 0)
+        sc[slot] = scale_pair_pre(word)
+        sc[slot + 1] = scale_pair_pre(word >> 16)
 
-    def scale_addr(self, ss, index, kt):
+    def scale_addr(self, ss, index, kt, which: int = 0):
         """Shared address of this lane's scale pair of stage ``kt`` in ring slot ``index``: the
-        slot's 16-byte row box holds stages ``kt & ~1`` and ``kt | 1`` (plain Python)."""
+        slot's 16-byte row box holds stages ``kt & ~1`` and ``kt | 1``; with ``scale_ahead``
+        the slot's own stage (``which`` 0) and the next (1) (plain Python)."""
+        if const_expr(self.cfg.scale_ahead):
+            return ss + index * (self.box_rows * 16) + which * 8
         return ss + index * (self.box_rows * 16) + (kt % 2) * 8
 
     @cute.jit
@@ -1228,8 +1329,8 @@ class W4A16WgmmaGemm:
             else:
                 raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
                 raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
-            if const_expr(not self.cfg.decode):
-                return
+            if const_expr(not self.cfg.decode or (self.sub > 1 and not self.cfg.scales)):
+                return  # (diagnostics: no scales, or the tile's first stage's throughout)
             if const_expr(self.sub > 1):
                 # sc_lo: this lane's converted pair of chunk j (load_stage_scales); the lo row's
                 # of 64-k tile q sits in quad lane q, the hi row's in lane 2 + q
@@ -1309,6 +1410,10 @@ class W4A16WgmmaGemm:
         self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0, q)
         self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[1] if stage_sc else sc[0], sc[1],
                         1, sel, q)
+        if const_expr(stage_sc and self.cfg.scale_ahead and self.cfg.decode and self.cfg.scales
+                      and q == 0 and not last):
+            # the next stage's scales, from this slot, while this chunk's WGMMAs run
+            self.load_stage_scales(sc, ss[0], idx, None, 2, 1)
         warpgroup.wait_group(1)
         if not first and q == 0:
             pipe.consumer_release(rel)
@@ -1318,7 +1423,11 @@ class W4A16WgmmaGemm:
             state.advance(nsplit)
             if not last:
                 pipe.consumer_wait(state)
-                if const_expr(stage_sc and self.cfg.decode):
+                if const_expr(stage_sc and self.cfg.decode and self.cfg.scales
+                              and self.cfg.scale_ahead):
+                    sc[0] = sc[2]
+                    sc[1] = sc[3]
+                elif const_expr(stage_sc and self.cfg.decode and self.cfg.scales):
                     self.load_stage_scales(sc, ss[0], state.index, ss[1])
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0] if stage_sc else sc[2], sc[3], 0, sel)
