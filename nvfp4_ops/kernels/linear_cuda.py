@@ -3,7 +3,10 @@
 Also the torch-facing grouped GEMM (:func:`grouped_w4a16_gemm`) that the fused MoE reuses, the
 variant enumeration behind :func:`nvfp4_ops.warmup` / ``python -m nvfp4_ops precompile``, and
 the token-tile choice. Everything is CUDA-graph safe: no host syncs, grid sizes from static
-shapes only, launches on torch's current stream (tvm-ffi reads it at call time).
+shapes only, launches on torch's current stream (tvm-ffi reads it at call time). The dense
+stream-K tiles' counters are the one cached buffer (:func:`streamk_counters`): keyed by the
+stream, or under capture by the capture and its stream, never shared by launches that could
+overlap.
 
 Global scales reach the kernels as fp32 ``[G, H2, N / H2]`` *views* of the op arguments
 (``H2 = 2`` for the SwiGLU GEMM: gate half, up half; 1 otherwise; any strides, 0 where one

@@ -67,7 +67,13 @@ off the scratch's length) each take an even share of the (output tile, k tile) u
 them through the same ring and :meth:`W4A16WgmmaGemm.tile` loop, tile after tile; partial tiles
 are summed in K order by the CTA that completes them (:mod:`nvfp4_ops.kernels.cute.streamk`).
 The counters and scratch come in the ``tile_expert`` / ``tile_rows`` arguments, which a dense
-call otherwise leaves as dummies (``linear_cuda.streamk_scratch``).
+call otherwise leaves as dummies (``linear_cuda.streamk_scratch``). The kernel leaves the
+counters at zero, so the caller reuses one buffer per stream or graph capture
+(``linear_cuda.streamk_counters``). With ``pdl`` (the dispatch's stream-K tiles) the producer
+streams its first item's first stages of weights and scales before ``griddepcontrol.wait``, and
+their activations after it. The consumers wait first thing, then let the next kernel launch,
+the protocol of ``moe_cuda``'s "Launch overlap". The counters, the scratch, the output and the
+activations are touched only after the wait.
 
 Wide stages (``stage_k=128``, stream-K ``wfrag`` tiles). A stage holds 128 k: one TMA box of
 ``64 * row_wgs`` weight rows x 64 bytes (64-byte swizzle: 16-byte unit ``u`` of row ``r`` at
@@ -87,6 +93,11 @@ and WGMMAs takes 31.5-32.7, session 14). The scales' global loads cost 4-5 us mo
 scale conversion waiting on them was the most sampled consumer stall after the ring's barrier
 wait). ``bench_linear`` M = 16: 38.2-39.3 -> 34.5-35.0 us (one 2-byte scale load per 64-k
 tile then), 33.1-33.4 with the per-stage load and ``lite_fixup`` (session 14, one run).
+With ``scale_ahead`` (16-32 tokens) the producer warp copies the scales with ``cp.async``
+instead, 8 bytes per row, and each slot also holds the next stage's. The consumers load and
+convert those during chunk 0's WGMMAs, so a stage starts with its scales in registers. This
+gave 31.8-32.1 us at M = 16 (session 15, ``benchmarks/results/h200_2026-12-01_s15``). With the
+reused counters and ``pdl`` on top: 29.6-30.1.
 
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
