@@ -623,7 +623,8 @@ def streamk_counters(items: int, device: torch.device) -> torch.Tensor:
       of one capture never share a buffer; those sharing one are ordered by their stream.
     Why: a fresh buffer per call puts a memset before every stream-K kernel (a graph node
     that also keeps launch overlap from reaching the kernel); on H200 ``bench_linear`` M = 16
-    took 0.5-0.9 us less without it (benchmarks/results/h200_2026-12-01_s15/persist).
+    took 0.05-0.9 us less without it, median 0.8 over 8 pairs (benchmarks/results/
+    h200_2026-12-01_s15/persist, pdl).
     ``NVFP4_OPS_STREAMK_COUNTERS=per-call`` restores a fresh zeroed buffer per call.
 
     Raises:
