@@ -78,8 +78,7 @@ CORE = ("natural", "wfrag", "wfrag+wperm", "wgmma r1")
 #: tile without the FP4 decode and block scales (``--sweep small`` / ``box``:
 #: ``WgmmaConfig.decode``), also without the WGMMAs (``box``: ``WgmmaConfig.compute``);
 #: ``--sweep stream``: ``StreamConfig.compute``, consumers only wait for and free each stage
-DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "k64 nodecode", "k64 nomma",
-              "nomma", "nomma st6", "nomma st8", "nosc")
+DIAGNOSTIC = ("dispatch nodecode", "t2 nocompute", "nocompute", "nomma", "nosc")
 #: ``--sweep box``: the dispatched stream-K tile with these ``WgmmaConfig`` fields replaced
 BOX_SWEEP = {
     "nomma": dict(decode=False, compute=False),

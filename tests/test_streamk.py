@@ -274,7 +274,7 @@ def test_streamk_chain_overlaps_and_reuses_counters_in_a_graph():
         return ys
 
     def check(x, ys):
-        for (w, _, s, g), inp, y in zip(layers, (x, ys[0]), ys):
+        for (w, _, s, g), inp, y in zip(layers, (x, ys[0]), ys, strict=True):
             ref = linear_fp32(inp, w, s, g)
             assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3
 
@@ -294,7 +294,7 @@ def test_streamk_chain_overlaps_and_reuses_counters_in_a_graph():
         eager = chain(x)
         torch.cuda.synchronize()
         check(x, eager)
-        for a, b in zip(static_ys, eager):
+        for a, b in zip(static_ys, eager, strict=True):
             assert torch.equal(a, b)
     assert all(int(buf.abs().sum()) == 0 for buf in L._counters.values())
 

@@ -246,9 +246,9 @@ class WgmmaConfig(GemmProblem):
     #: 128-k stream-K tiles (``linear_cuda._streamk_tile``). With the per-stage scale load
     #: (H200, ``dev_ab_wfrag --flush read``, benchmarks/results/h200_2026-12-01_s14): M = 16
     #: 36.5-37.3 -> 35.6-36.1 us (6 runs), M = 32 39.9-40.7 -> 39.3-40.4 (3), M = 128
-    #: 60.1-60.9 -> 59.1-59.4 (1); each alone gave about half. The 64-k stream-K tiles
-    #: (K % 128 != 0) still use the fences: the atomic is GPU-tested there (tests/test_streamk)
-    #: but not timed
+    #: 60.1-60.9 -> 59.1-59.4 (1); each alone gave about half. Without it (the 64-k stream-K
+    #: tiles, which no dispatch reaches: dense K % 128 != 0 runs the reference) the fix-up
+    #: fences every thread; the atomic is GPU-tested on a 64-k tile too (tests/test_streamk)
     lite_fixup: bool = False
     #: 128-k stages: the producer warp copies the block scales with ``cp.async`` (8 bytes per
     #: row, all 32 lanes, completing on the stage's full barrier through
