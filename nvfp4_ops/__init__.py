@@ -8,14 +8,17 @@ initialises no CUDA and imports no GPU kernel code; CUDA kernels are loaded on f
 from __future__ import annotations
 
 from nvfp4_ops import format
-from nvfp4_ops._compile import warmup
 from nvfp4_ops._validate import NVFP4InputError, set_value_checks
+from nvfp4_ops._warmup import LinearLayer, MLPLayer, MoELayer, warmup
 from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize, to_wfrag_, to_wperm_
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LinearLayer",
+    "MLPLayer",
+    "MoELayer",
     "NVFP4InputError",
     "MoEShape",
     "SHAPES",

@@ -4,7 +4,7 @@
 halves of ``w13``, each with its own global scale.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.mlp_reference`).
-CUDA: the kernel registered under ``"mlp"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`;
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"mlp"``;
 until one is registered, the same reference runs on the GPU.
 """
 

@@ -4,7 +4,7 @@
 with ``expert(e)(x) = down_e(silu(min(gate_e(x), L)) * clamp(up_e(x), -L, L))``.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.moe_reference`).
-CUDA: the kernel registered under ``"moe"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`;
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"``;
 until one is registered the reference runs on the GPU, which syncs with the host per expert
 and so must not be captured in a CUDA graph.
 """
@@ -127,7 +127,7 @@ def moe(
         wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
             (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
             decode with fewer instructions; on CUDA this needs
-            :func:`nvfp4_ops.kernels.moe_cuda.wperm_supported` (V4-Flash and V4-Pro: yes).
+            :func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported` (V4-Flash and V4-Pro: yes).
 
     Returns:
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.
