@@ -10,18 +10,28 @@ multiply), block-scale conversion (``F2FP``, ``HADD2.F32``, ``FMUL``), loads, un
 and synchronisation.
 
 Why: the decode kernels are limited by the instructions their consumer warps issue per weight
-byte (CONTRIBUTING, measured facts), and these counts move with every decoder change while a
-GPU is not at hand. They are static counts: a loop's length, not cycles.
+byte (``nvfp4_ops/kernels/DESIGN.md``, "What limits decode"), and these counts move with every
+decoder change while a GPU is not at hand. They are static counts: a loop's length, not
+cycles.
 
 ``--moe SHAPE`` (``v4-flash``, ...): the MoE's two grouped GEMMs (gate/up ``swiglu``, down
 ``row_scale``) at every token tile instead, as ``nvfp4::moe`` launches them (permuted
 activations where both GEMMs have them, ``wperm`` weights where its kernels read them, launch
 overlap, the grouped ``m_tiles`` cap).
 
-Usage: ``python benchmarks/dev_sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
-[--checkpoint] [--moe SHAPE] [--keep DIR]``. Needs ptxas 13 (the ``nvidia-cuda-nvcc`` wheel
-the ``vllm`` extra brings; triton's ptxas 12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm
-(triton's).
+``--variants SHAPE ...``: every GEMM config ``nvfp4_ops.warmup`` reaches for those model
+shapes (``linear_cuda.variants_for_shapes``: dense MLP and the MoE's grouped GEMMs, every
+token tile and weight order).
+
+``--ptx-hash``: print ``sha256 config-name`` of each case's PTX instead of the SASS counts
+(no ptxas needed). Run it on two trees and ``diff`` the outputs to show that a refactor changes
+no generated code.
+
+Usage: ``python benchmarks/dev/sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
+[--checkpoint] [--moe SHAPE | --variants SHAPE ...] [--ptx-hash] [--keep DIR]``. The SASS
+counts need ptxas 13 (the ``nvidia-cuda-nvcc`` wheel the ``vllm`` extra brings; triton's ptxas
+12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm (triton's), found by
+:func:`nvfp4_ops.testing.find_cuda_tool`.
 """
 
 from __future__ import annotations
@@ -35,8 +45,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", re.M)
 _LABEL = re.compile(r"^(\.L_x_\d+):", re.M)
@@ -54,23 +62,14 @@ CLASSES = (
 
 
 def tool(name: str) -> str:
-    """Path of ``ptxas`` / ``nvdisasm``: the CUDA 13 wheel's, else triton's, else PATH."""
-    import importlib.util
+    """Path of ``ptxas`` / ``nvdisasm`` (:func:`nvfp4_ops.testing.find_cuda_tool`); exits with
+    its message when the tool is missing."""
+    from nvfp4_ops.testing import find_cuda_tool
 
-    dirs = []
-    spec = importlib.util.find_spec("nvidia")
-    if spec and spec.submodule_search_locations:
-        dirs += [Path(p) / "cu13" / "bin" for p in spec.submodule_search_locations]
-    spec = importlib.util.find_spec("triton")
-    if spec and spec.origin:
-        dirs.append(Path(spec.origin).parent / "backends" / "nvidia" / "bin")
-    for d in dirs:
-        if (d / name).exists():
-            return str(d / name)
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"dev_sass: {name} not found (install the vllm extra)")
-    return found
+    try:
+        return find_cuda_tool(name)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"sass: {exc}") from None
 
 
 def sass_of(cfg, folder: Path) -> str:
@@ -151,6 +150,22 @@ def moe_cases(shape_name: str) -> list[tuple[str, object]]:
     return out
 
 
+def variant_cases(shapes: list[str]) -> list[tuple[str, object]]:
+    """``(label, config)`` of every config the warmup of these model shapes reaches."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    return [(f"{'+'.join(shapes)} variant", cfg) for cfg in L.variants_for_shapes(shapes)]
+
+
+def ptx_hash(cfg, folder: Path) -> str:
+    """sha256 of ``cfg``'s PTX (compiled for sm_90a, kept in ``folder``)."""
+    import hashlib
+
+    from nvfp4_ops.testing import kernel_ptx
+
+    return hashlib.sha256(kernel_ptx(cfg, folder).encode()).hexdigest()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nk", nargs="+", default=["7168x18432", "18432x7168"])
@@ -159,15 +174,32 @@ def main(argv: list[str] | None = None) -> int:
                    help="the checkpoint weight order instead of prepared (wfrag + wperm)")
     p.add_argument("--moe", metavar="SHAPE",
                    help="the MoE GEMMs of this model shape at every token tile, not dense ones")
+    p.add_argument("--variants", nargs="+", metavar="SHAPE",
+                   help="every config nvfp4_ops.warmup reaches for these model shapes")
+    p.add_argument("--ptx-hash", action="store_true",
+                   help="print the sha256 of each case's PTX instead of SASS counts")
     p.add_argument("--keep", type=Path, help="keep PTX / cubin / SASS under this folder")
     args = p.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     root = args.keep or Path(tempfile.mkdtemp(prefix="nvfp4_sass_"))
     prepared = not args.checkpoint
+    if args.variants:
+        cases = variant_cases(args.variants)
+    elif args.moe:
+        cases = moe_cases(args.moe)
+    else:
+        cases = dense_cases(args.nk, args.ms, prepared)
+    if args.ptx_hash:
+        for _, cfg in cases:
+            folder = root / cfg.name
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"{ptx_hash(cfg, folder)}  {cfg.name}", flush=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
     names = [name for name, _ in CLASSES] + ["other"]
     print(f"{'case':44s} {'kernel':>6s} {'loop':>5s} {'mma':>4s} {'/mma':>6s}  "
           + " ".join(f"{n[:10]:>10s}" for n in names), flush=True)
-    cases = moe_cases(args.moe) if args.moe else dense_cases(args.nk, args.ms, prepared)
     for label, cfg in cases:
         folder = root / cfg.name
         shutil.rmtree(folder, ignore_errors=True)

@@ -2,37 +2,78 @@
 tree's, in one process, the configs the dispatch picks on prepared (wfrag + wperm) weights.
 
 Why: a change to a decoder or a kernel loop that keeps the configs (their names) but changes
-the code behind them cannot be A/B'd with the config sweeps of the other ``dev_ab_*``
-scripts. Here the baseline's ``nvfp4_ops`` (a plain copy of the package folder, e.g.
-``git archive main nvfp4_ops | tar -x -C .baseline``; on the device, carry ``.baseline``)
-compiles in spawned workers that import it first; its binaries land in its own cache folder
-(the cache key hashes the package sources) and are launched with this tree's argument
-conventions, so both trees must agree on the kernel signature (same config names: checked).
+the code behind them cannot be A/B'd by switching configs in one tree. Here the baseline's
+``nvfp4_ops`` (a plain copy of the package folder, e.g. ``git archive main nvfp4_ops | tar -x
+-C .baseline``; on the GPU machine, carry ``.baseline``) compiles in spawned workers that
+import it first; its binaries land in its own cache folder (the cache key hashes the package
+sources) and are launched with this tree's argument conventions, so both trees must agree on
+the kernel signature (same config names: checked).
 
 Cases: ``--nk`` shapes at ``--ms``. Checks first, on NaN-poisoned outputs: the two trees
 bitwise equal (``--close``: within 1e-2 x max |this| instead). The block scales take every
-e4m3 byte but the two NaNs (zero, negative, subnormal too). Timing: CUDA graphs, L2 evicted
-before every replay (``--flush``), variants alternating for ``--rounds`` rounds; median µs,
-with bf16 ``torch.matmul``.
+e4m3 byte but the two NaNs (zero, negative, subnormal too). Timing (``benchmarks/_timing.py``):
+one call per CUDA-graph replay, L2 flushed by a read before every replay (``--flush``), the
+trees alternating for ``--rounds`` rounds so clock drift hits both; median µs, with bf16
+``torch.matmul``.
 
-Usage: ``python benchmarks/dev_ab_tree.py --baseline DIR [--ms 1 16 32 128]
+Uses the linear dispatch's internals (``linear_cuda``: ``choose_config``,
+``block_m_for_tokens``, ``_m_tiles_cap``, ``compiled_gemm``, ``_launch``,
+``per_row_global_view``; ``_compile.cache_dir`` / ``_default_load``;
+``cli.precompile.compile_configs``; ``kernels.wfrag.to_wfrag``, ``kernels.wperm.to_wperm``),
+in both trees: a baseline from before a dispatch refactor needs this file of its own commit.
+
+Usage: ``python benchmarks/dev/ab_tree.py --baseline DIR [--ms 1 16 32 128]
 [--nk 7168x18432 18432x7168] [--close] [--reps 20] [--rounds 3] [--flush read|write]
 [--jobs 8] [--out FILE.json]`` (DIR holds the baseline's ``nvfp4_ops`` folder).
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import multiprocessing
 import os
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _ab  # noqa: E402  (no nvfp4_ops import at module level: the workers import a baseline)
+# no nvfp4_ops import at module level: the spawned workers import a baseline's first
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _timing import l2_flush, time_one_call  # noqa: E402
+
+
+def linear_config(n: int, k: int, num_tokens: int, prepared: bool = True):
+    """The config ``nvfp4::linear`` launches for ``num_tokens`` tokens on ``[n, k]`` weights
+    (``prepared``: by ``to_wfrag_``, read as wfrag + wperm), from whichever ``nvfp4_ops`` this
+    process imported. Written with ``choose_config`` rather than the newer
+    ``linear_cuda.linear_config``, so that it also runs against baseline trees that predate
+    that function."""
+    from nvfp4_ops.kernels import linear_cuda as L
+
+    bm = L.block_m_for_tokens(num_tokens)
+    return L.choose_config(n, k, bm, "none", False, False,
+                           min(-(-num_tokens // bm), L._m_tiles_cap()), wperm=prepared,
+                           wfrag=prepared)
+
+
+def alternate_cases(cases: dict[str, dict[str, Callable[[], object]]], rounds: int, reps: int,
+                    flush: Callable[[], object]) -> dict[str, dict[str, float]]:
+    """Time every variant of every case (``{case: {variant: fn}}``) as its own CUDA graph
+    (:func:`_timing.time_one_call`), all interleaved in each of ``rounds`` rounds; returns
+    ``{case: {variant: median µs over rounds}}``."""
+    times: dict[tuple[str, str], list[float]] = {
+        (case, name): [] for case, vs in cases.items() for name in vs}
+    for _ in range(rounds):
+        for (case, name), got in times.items():
+            got.append(time_one_call(cases[case][name], reps, flush))
+    med: dict[str, dict[str, float]] = {}
+    for (case, name), got in times.items():
+        med.setdefault(case, {})[name] = statistics.median(got)
+    return med
 
 
 def _use_baseline(root: str) -> None:
@@ -52,7 +93,7 @@ def baseline_binary(nkm: tuple[int, int, int]) -> tuple[str, str]:
     from nvfp4_ops import _compile
     from nvfp4_ops.kernels import linear_cuda
 
-    cfg = _ab.linear_config(*nkm)
+    cfg = linear_config(*nkm)
     linear_cuda.compiled_gemm(cfg)
     return cfg.name, str(_compile.cache_dir() / f"{cfg.name}.o")
 
@@ -76,7 +117,11 @@ def every_scale_byte(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _ab.parser(__doc__, tokens=[], reps=20)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=20,
+                        help="timed CUDA-graph replays per variant and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the medians to this JSON file")
     parser.add_argument("--baseline", type=Path, required=True,
                         help="folder holding the baseline's nvfp4_ops package")
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 16, 32, 128])
@@ -92,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    import bench_moe
-
     from nvfp4_ops import _compile
     from nvfp4_ops.cli.precompile import compile_configs
     from nvfp4_ops.kernels import linear_cuda as L
@@ -102,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
     keys = [(n, k, m) for n, k in shapes for m in args.ms]
-    cfgs = {key: _ab.linear_config(*key) for key in keys}
+    cfgs = {key: linear_config(*key) for key in keys}
     compile_configs(list(cfgs.values()), args.jobs, "this tree")
     base = baseline_binaries(args.baseline, keys, args.jobs)
     for key, cfg in cfgs.items():
@@ -123,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 L.compiled_gemm = real
         return run
 
-    flush = bench_moe.l2_flush(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"),
-                               args.flush)
+    flush = l2_flush(args.flush)
     cases: dict[str, dict] = {}
     for n, k in shapes:
         gen = torch.Generator().manual_seed(n)
@@ -154,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: {'close' if args.close else 'bitwise equal'}", flush=True)
             runs["bf16 matmul"] = lambda x=x, w_bf16=w_bf16: x @ w_bf16.t()
             cases[label] = runs
-    med = _ab.alternate_cases(cases, args.rounds, args.reps, flush)
+    med = alternate_cases(cases, args.rounds, args.reps, flush)
     print(f"{'case':62s} {'this':>8s} {'base':>8s} {'base/this':>9s} {'bf16/this':>10s}")
     for label, d in med.items():
         print(f"{label:62s} {d['this']:8.2f} {d['base']:8.2f} {d['base'] / d['this']:9.3f} "
