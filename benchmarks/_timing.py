@@ -6,7 +6,7 @@ The method (device time only, no Python launch overhead in the numbers):
   over many replays is reported, in µs per call. Warm up first (compile, module load) and
   capture after, so nothing compiles inside a timed region.
 * **L2 flushed by a read before every timed replay** (:func:`l2_flush`, untimed): a reduction
-  over a buffer larger than the 50 MB L2 of an H100 / H200 evicts the weights and the
+  over a buffer larger than the 50-60 MB L2 of an H100 / H200 evicts the weights and the
   activations without leaving dirty lines behind. Flushing by *writing* the buffer leaves L2
   full of dirty lines whose write-back is charged to the next kernel (on an H200 the same
   M = 1 linear took 35.6 µs after a write flush, 32.3-32.6 µs after a read flush;
@@ -28,7 +28,7 @@ import torch
 
 __all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_one_call"]
 
-#: flush buffer size: 256 MiB, five times the L2 of an H100 / H200
+#: flush buffer size: 256 MiB, four to five times the L2 of an H100 / H200
 L2_FLUSH_BYTES = 256 * 2**20
 
 
