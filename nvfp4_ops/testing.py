@@ -164,23 +164,37 @@ def kernel_ptx(cfg, out_dir: str | Path) -> str:
     return ptx.read_text()
 
 
-def find_cuda_tool(name: str) -> str | None:
-    """Path of a CUDA binary tool (``ptxas``, ``nvdisasm``, ``cuobjdump``): the CUDA 13 wheel's
-    (``nvidia/cu13/bin``), else Triton's bundled copy, else ``PATH``; None if none is found."""
+def find_cuda_tool(name: str) -> str:
+    """The path of a CUDA binary tool such as ``ptxas`` or ``nvdisasm``, for tests and dev
+    scripts that read a kernel's registers or SASS without a GPU.
+
+    Looked up, in order: the CUDA 13 ``nvidia-cuda-nvcc`` wheel's ``nvidia/cu13/bin`` (the
+    ``vllm`` extra brings it; its ``ptxas`` reads the PTX 9.x that cutlass-dsl 4.8 emits), then
+    triton's bundled ``backends/nvidia/bin`` (its ``nvdisasm`` is fine; its ``ptxas`` 12.9
+    rejects PTX 9.x), then ``PATH``.
+
+    Raises:
+        FileNotFoundError: ``name`` is in none of these places.
+    """
     import importlib.util
     import shutil
 
-    dirs = []
+    dirs: list[Path] = []
     spec = importlib.util.find_spec("nvidia")
-    if spec and spec.submodule_search_locations:
+    if spec is not None and spec.submodule_search_locations:
         dirs += [Path(p) / "cu13" / "bin" for p in spec.submodule_search_locations]
     spec = importlib.util.find_spec("triton")
-    if spec and spec.origin:
+    if spec is not None and spec.origin:
         dirs.append(Path(spec.origin).parent / "backends" / "nvidia" / "bin")
-    for d in dirs:
-        if (d / name).exists():
-            return str(d / name)
-    return shutil.which(name)
+    for folder in dirs:
+        if (folder / name).is_file():
+            return str(folder / name)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"CUDA tool {name!r} not found in {[str(d) for d in dirs]} or on PATH "
+            "(install the vllm extra: pip install -e '.[vllm]')")
+    return found
 
 
 def planned_gemm(a: torch.Tensor, tile_expert: torch.Tensor | None, w: torch.Tensor,
