@@ -8,7 +8,8 @@ Needs a CUDA GPU. Three kinds of run:
   uniform top-k routing, the weights in the ``wperm`` bit order (``--checkpoint``: as stored);
 * ``wgmma N K M BLOCK_M ROW_WGS STAGES STREAMK [FIELD=VALUE ...]``: one dense WGMMA tile that
   the dispatch need not pick (``WgmmaConfig`` fields as ints, e.g. ``stage_k=128``), on
-  prepared weights. It launches through ``linear_cuda._launch``, an internal of the dispatch.
+  prepared weights, launched through ``linear_cuda.run_gemm`` with
+  ``dispatch.plan_of_config``.
 
 Each run launches the op four times; the GEMM kernels' names contain ``W4A16``, so for example
 ``ncu --kernel-name regex:W4A16 --launch-skip 2 --launch-count 1 --set full -o prof python
@@ -78,6 +79,7 @@ def run_tile(n: int, k: int, m: int, block_m: int, row_wgs: int, stages: int,
     :class:`~nvfp4_ops.kernels.cute.w4a16_wgmma.WgmmaConfig` fields."""
     from nvfp4_ops.kernels import linear_cuda
     from nvfp4_ops.kernels.cute.w4a16_wgmma import WgmmaConfig
+    from nvfp4_ops.kernels.dispatch import plan_of_config
 
     cfg = WgmmaConfig(n, k, "none", False, False, block_m, row_wgs, 1, stages, wfrag=True,
                       wperm=True, streamk=streamk, **extra)
@@ -86,9 +88,9 @@ def run_tile(n: int, k: int, m: int, block_m: int, row_wgs: int, stages: int,
     w, s, g = random_weights(1, n, k, gen)
     a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    plan = plan_of_config(cfg)
     for _ in range(LAUNCHES):
-        linear_cuda._launch(cfg, a, None, w, s, linear_cuda.per_row_global_view(g[0], n), out,
-                            None, None, None)
+        linear_cuda.run_gemm(plan, a, w, s, g[0], out)
     torch.cuda.synchronize()
 
 

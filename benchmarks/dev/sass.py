@@ -1,7 +1,7 @@
 """Static SASS counts of the dispatched GEMM kernels (diagnostics; CPU only, no GPU needed).
 
 For each ``--nk`` shape and token count ``--ms``, the config ``nvfp4::linear`` would launch on
-prepared weights (``linear_cuda.choose_config(..., wperm=True, wfrag=True)``; ``--checkpoint``
+prepared weights (``dispatch.plan_linear(..., order=WeightOrder.WFRAG)``; ``--checkpoint``
 for the checkpoint order) is compiled for sm_90a with its PTX kept, assembled with ptxas and
 disassembled with nvdisasm. Printed per kernel: its instruction count and, for its innermost
 loop that issues MMAs (a backward branch; the steady-state k loop), its length, its MMAs,
@@ -20,8 +20,7 @@ activations where both GEMMs have them, ``wperm`` weights where its kernels read
 overlap, the grouped ``m_tiles`` cap).
 
 ``--variants SHAPE ...``: every GEMM config ``nvfp4_ops.warmup`` reaches for those model
-shapes (``linear_cuda.variants_for_shapes``: dense MLP and the MoE's grouped GEMMs, every
-token tile and weight order).
+shapes (dense MLP and the MoE's grouped GEMMs, every token tile and weight order).
 
 ``--ptx-hash``: print ``sha256 config-name`` of each case's PTX instead of the SASS counts
 (no ptxas needed). Run it on two trees and ``diff`` the outputs to show that a refactor changes
@@ -121,40 +120,40 @@ def loops(sass: str) -> list[dict]:
 
 def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str, object]]:
     """``(label, config)`` of ``nvfp4::linear`` at each shape ``NxK`` and token count."""
-    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
 
+    order = WeightOrder.WFRAG if prepared else WeightOrder.CHECKPOINT
     out = []
     for nk in nks:
         n, k = (int(v) for v in nk.split("x"))
-        out += [(f"{n}x{k} M={m}", L.linear_config(n, k, m, wfrag=prepared)) for m in ms]
+        out += [(f"{n}x{k} M={m}", plan_linear(n, k, m, order=order).config) for m in ms]
     return out
 
 
 def moe_cases(shape_name: str) -> list[tuple[str, object]]:
     """``(label, config)`` of the MoE's gate/up and down GEMMs at every token tile."""
     from nvfp4_ops import get_shape
-    from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels.moe_cuda import wperm_supported
+    from nvfp4_ops.kernels import dispatch as D
 
     s = get_shape(shape_name)
     h, i = s.hidden, s.intermediate
+    order = D.WeightOrder.WPERM if D.moe_wperm_supported(h, i) else D.WeightOrder.CHECKPOINT
     out = []
-    for bm in L.BLOCK_MS:
-        kperm = L.grouped_kperm(h, i, bm)
-        wperm = kperm and wperm_supported(h, i)
-        for what, n, k, epi in (("gate/up", 2 * i, h, "swiglu"), ("down", h, i, "row_scale")):
-            n_out = n // 2 if epi == "swiglu" else n
-            if L.grouped_supported(n_out, k, bm):
-                out.append((f"{shape_name} {what} tile {bm}", L.choose_config(
-                    n, k, bm, epi, False, True, L._m_tiles_cap(True), kperm, True, wperm)))
+    for bm in D.BLOCK_MS:
+        # a token count that lands on this tile (the mean rows per expert), with many tiles
+        tokens = max(1, bm * s.experts // s.top_k)
+        plan = D.plan_moe(tokens, s.top_k, s.experts, h, i, order=order, block_m=bm)
+        out += [(f"{shape_name} gate/up tile {bm}", plan.gate_up.config),
+                (f"{shape_name} down tile {bm}", plan.down.config)]
     return out
 
 
 def variant_cases(shapes: list[str]) -> list[tuple[str, object]]:
     """``(label, config)`` of every config the warmup of these model shapes reaches."""
-    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops import _warmup
 
-    return [(f"{'+'.join(shapes)} variant", cfg) for cfg in L.variants_for_shapes(shapes)]
+    plans = _warmup.plans_for(_warmup.layers_for_shapes(shapes))
+    return [(f"{'+'.join(shapes)} variant", p.config) for p in plans]
 
 
 def ptx_hash(cfg, folder: Path) -> str:
