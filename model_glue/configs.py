@@ -1,4 +1,4 @@
-"""vLLM quantization configs that hand DeepSeek-V4's NVFP4 layers to the nvfp4 ops.
+"""vLLM quantization configs that hand DeepSeek-V4's NVFP4 and MXFP4 layers to the nvfp4 ops.
 
 Both are subclasses of the config vLLM itself would pick, registered under the same name with
 vLLM's ``register_quantization_config`` (a registered name wins over the built-in one). They

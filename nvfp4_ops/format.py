@@ -1,4 +1,4 @@
-"""The NVFP4 weight format (NVIDIA ModelOpt), in pure torch, exact, on any device.
+"""The NVFP4 weight format (NVIDIA ModelOpt) and MXFP4 (OCP MX): pure torch, exact, any device.
 
 Layout of one quantized matrix ``W[N, K]`` (``N`` output features, ``K`` the reduction dim):
 
