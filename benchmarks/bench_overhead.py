@@ -119,7 +119,8 @@ def run_eager(reps: int, profile: bool) -> list[dict]:
                 set_value_checks(None)  # back to NVFP4_OPS_VALUE_CHECKS (default off)
         rows.append(row)
         if profile:
-            from torch.profiler import ProfilerActivity, profile as prof
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as prof
 
             with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
                 for _ in range(20):
