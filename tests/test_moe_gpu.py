@@ -427,3 +427,28 @@ def test_wperm_unsupported_sizes_refused_on_cuda(tiny):
         pytest.skip("tiny runs the reference, which reads wperm")
     with pytest.raises(nvfp4_ops.NVFP4InputError, match="wperm"):
         nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), swiglu_limit=10.0, wperm=True)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 199, 1024])
+def test_flash_per_row_global_scales(flash, num_tokens):
+    """One global scale per weight row (``w13_global [E, 2I]``, ``w2_global [E, H]``: the exact
+    MXFP4 conversion's form) through the same kernels: matches the reference, and rows holding
+    the per-expert scales give bitwise the per-expert result."""
+    e, two_i = flash.w13.shape[:2]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    g13 = flash.w13_global.repeat_interleave(two_i // 2, dim=1)
+    g2 = flash.w2_global.unsqueeze(1).expand(-1, FLASH.hidden).contiguous()
+    rows = type(flash)(**{**flash.__dict__,
+                          "w13_global": g13 * torch.rand(e, two_i, device="cuda",
+                                                         generator=gen).add(0.5),
+                          "w2_global": g2 * torch.rand(e, FLASH.hidden, device="cuda",
+                                                       generator=gen).add(0.5)})
+    torch.manual_seed(40 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    got, want = _run(FLASH, rows, hidden, ids, weights)
+    _check(got, want, f"v4-flash per-row globals T={num_tokens}")
+    expanded = type(flash)(**{**flash.__dict__, "w13_global": g13, "w2_global": g2})
+    got_expanded, _ = _run(FLASH, expanded, hidden, ids, weights)
+    got_plain, _ = _run(FLASH, flash, hidden, ids, weights)
+    assert torch.equal(got_expanded, got_plain)

@@ -432,11 +432,14 @@ def gate_up_global_view(scale: torch.Tensor, inter: int) -> torch.Tensor:
     """A gate and an up global scale per group (fp32 ``[G, 2]``, or ``[2]``: one group) as the
     SwiGLU GEMM's ``[G, 2, I]``: gate rows ``[0, I)`` read ``scale[g, 0]``, up rows ``[I, 2I)``
     ``scale[g, 1]`` (kept separate, never folded). A view: strides ``(s0, s1, 0)``, same
-    storage.
+    storage. Per-row scales (``[G, 2I]`` / ``[2I]``) go through :func:`per_row_global_view`
+    with two halves.
 
     Raises:
-        ValueError: not fp32 ``[G, 2]`` / ``[2]``.
+        ValueError: not fp32 ``[G, 2]`` / ``[2]`` / ``[G, 2I]`` / ``[2I]``.
     """
+    if scale.shape[-1] == 2 * inter != 2:
+        return per_row_global_view(scale, 2 * inter, halves=2)
     if scale.dim() == 1:
         scale = scale.unsqueeze(0)
     if scale.dim() != 2 or scale.shape[1] != 2 or scale.dtype != torch.float32:
@@ -719,9 +722,10 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
         act,
         epilogue="swiglu", swiglu_limit=swiglu_limit, block_m=bm, wperm=wfrag, wfrag=wfrag,
     )
+    w2_rows = (per_group_global_view(w2_global, hidden) if w2_global.dim() == 0
+               else per_row_global_view(w2_global, hidden))
     grouped_w4a16_gemm(
-        act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), per_group_global_view(w2_global, hidden),
-        out,
+        act, None, w2.unsqueeze(0), w2_scale.unsqueeze(0), w2_rows, out,
         epilogue="none", block_m=bm, wperm=wfrag, wfrag=wfrag,
     )
     return out

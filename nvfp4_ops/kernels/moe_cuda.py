@@ -76,6 +76,7 @@ from nvfp4_ops.kernels.linear_cuda import (
     grouped_kperm,
     grouped_layout,
     per_group_global_view,
+    per_row_global_view,
 )
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, padded_rows
@@ -189,7 +190,8 @@ def moe_forward(
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     # (the kernels take stride-0 fp32 views; gemm_interface)
     w13_rows = gate_up_global_view(w13_global, inter)
-    w2_rows = per_group_global_view(w2_global, hidden_size)
+    w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
+               else per_row_global_view(w2_global, hidden_size))
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     gemm(a, routing.tile_expert, w13, w13_scale, w13_rows, act, epilogue="swiglu",
          swiglu_limit=swiglu_limit, row_scale=None, bias=None, block_m=block_m,

@@ -112,10 +112,11 @@ def moe(
         topk_weights: ``float32 [T, k]`` router weights.
         w13: ``uint8 [E, 2I, H/2]`` (per expert: gate rows, then up rows); ``I % 32 == 0``.
         w13_scale: ``float8_e4m3fn [E, 2I, H/16]`` (or its bytes as ``uint8``).
-        w13_global: ``float32 [E, 2]``: (gate, up) global scales, applied separately.
+        w13_global: ``float32 [E, 2]``: (gate, up) global scales, applied separately; or
+            ``[E, 2I]``: one per row (what :func:`nvfp4_ops.mxfp4_to_nvfp4` produces).
         w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes
             as ``uint8``);
-            w2_global: ``float32 [E]``.
+            w2_global: ``float32 [E]``, or ``[E, H]``: one per row.
         expert_start: the first global id this rank owns; ids outside
             ``[expert_start, expert_start + E)`` contribute nothing here.
         global_num_experts: total experts over all ranks, for the id range check; -1 when
