@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from nvfp4_ops import format
 from nvfp4_ops._compile import warmup
-from nvfp4_ops._validate import NVFP4InputError, set_value_checks
+from nvfp4_ops._device import NVFP4UnsupportedGPUError
+from nvfp4_ops._env import NVFP4EnvError
+from nvfp4_ops._validate import (
+    NVFP4InputError,
+    check_linear_weights,
+    check_mlp_weights,
+    check_moe_weights,
+    set_value_checks,
+)
 from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize, to_wfrag_, to_wperm_
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NVFP4EnvError",
     "NVFP4InputError",
+    "NVFP4UnsupportedGPUError",
     "MoEShape",
     "SHAPES",
+    "check_linear_weights",
+    "check_mlp_weights",
+    "check_moe_weights",
     "dequantize",
     "format",
     "get_shape",
