@@ -386,3 +386,40 @@ def test_guard_switch_spellings(monkeypatch, on):
     monkeypatch.setenv("NVFP4_OPS_NO_COMPILE_AFTER_WARMUP", "maybe")
     with pytest.raises(ValueError, match="NVFP4_OPS_NO_COMPILE_AFTER_WARMUP must be"):
         _compile._guard_on()
+
+
+def test_precompile_with_an_unusable_cache_dir(fresh_cache_warnings, tmp_path, monkeypatch,
+                                               capsys):
+    """``precompile`` with ``NVFP4_OPS_CACHE_DIR`` naming a file: one warning, memory only,
+    exit 0 (warm-up stubbed with the test hooks: no compiler needed); ``--jobs`` refuses in
+    one line, naming the variable."""
+    import warnings
+
+    import nvfp4_ops
+    from nvfp4_ops.cli import precompile
+
+    not_a_dir = tmp_path / "cache_file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("NVFP4_OPS_CACHE_DIR", str(not_a_dir))
+    hooks = _Hooks()
+
+    def warmup(shapes, *, run, include_moe, progress):
+        names = [f"k_pre_{i}" for i in range(3)]
+        for name in names:
+            hooks.get(name)
+            progress(name)
+        return names
+
+    monkeypatch.setattr(nvfp4_ops, "warmup", warmup)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert precompile.main(["--shape", "tiny", "--no-run"]) == 0
+    assert len(_cache_warnings(record)) == 1
+    out = capsys.readouterr().out
+    assert "cache memory only" in out and hooks.builds == 3 and hooks.exports == 0
+    with pytest.raises(SystemExit) as info:
+        precompile.main(["--shape", "tiny", "--no-run", "--jobs", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--jobs needs the disk cache (the folder under NVFP4_OPS_CACHE_DIR" in err
+    assert "Traceback" not in err
