@@ -356,8 +356,8 @@ def check_moe_meta(
 
 # --- weight data: checked once, at load -----------------------------------------------------
 
-#: Rows per chunk when scanning block scales: bounds the temporaries of the scan (a V4-Pro
-#: MoE layer holds ~1 GiB of block scales) at a few times 64 MiB.
+#: Bytes of a tensor scanned per chunk: bounds the temporaries of a value check (a V4-Pro MoE
+#: layer holds ~1 GiB of block scales) at a few times this, whatever the layer size.
 _SCAN_BYTES = 64 << 20
 
 
@@ -378,6 +378,7 @@ def _global_bad(t: torch.Tensor) -> torch.Tensor:
 
 
 def _chunks(t: torch.Tensor):
+    """(flat offset, flat slice) pieces of ``t`` of at most :data:`_SCAN_BYTES` each."""
     flat = t.reshape(-1) if t.is_contiguous() else t.flatten()
     step = max(1, _SCAN_BYTES // max(1, flat.element_size()))
     for start in range(0, flat.numel(), step):
