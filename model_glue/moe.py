@@ -19,7 +19,7 @@ parameter              dtype              shape             after process_weight
 
 The checkpoint layout *is* a layout ``nvfp4::moe`` takes, so post-load processing validates
 and frees, and no repacked copy is ever made (no doubled weight memory). [*] On CUDA, where the
-MoE kernels read it (``moe_cuda.wperm_supported``: V4-Flash and V4-Pro sizes), the codes of
+MoE kernels read it (``dispatch.moe_wperm_supported``: V4-Flash and V4-Pro sizes), the codes of
 ``w13_weight`` / ``w2_weight`` are then permuted **in place** into the ``wperm`` bit order
 (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.kernels.wperm`: same bytes per u32 word, bits moved,
 decoded with fewer instructions) and the op is called with ``wperm=True``. The environment
@@ -166,7 +166,7 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
             return mode == "1"
         if not layer.w13_weight.is_cuda:
             return False
-        from nvfp4_ops.kernels.moe_cuda import wperm_supported
+        from nvfp4_ops.kernels.dispatch import moe_wperm_supported as wperm_supported
 
         return wperm_supported(layer.w2_weight.shape[1], layer.w13_weight.shape[1] // 2)
 

@@ -8,7 +8,6 @@ initialises no CUDA and imports no GPU kernel code; CUDA kernels are loaded on f
 from __future__ import annotations
 
 from nvfp4_ops import format
-from nvfp4_ops._compile import warmup
 from nvfp4_ops._device import NVFP4UnsupportedGPUError
 from nvfp4_ops._env import NVFP4EnvError
 from nvfp4_ops._validate import (
@@ -18,12 +17,16 @@ from nvfp4_ops._validate import (
     check_moe_weights,
     set_value_checks,
 )
+from nvfp4_ops._warmup import LinearLayer, MLPLayer, MoELayer, warmup
 from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize, to_wfrag_, to_wperm_
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LinearLayer",
+    "MLPLayer",
+    "MoELayer",
     "NVFP4EnvError",
     "NVFP4InputError",
     "NVFP4UnsupportedGPUError",

@@ -1,9 +1,8 @@
 """``nvfp4::linear``: ``y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias)``, W4A16.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.linear_reference`).
-CUDA: the kernel registered in :data:`nvfp4_ops.kernels.CUDA_KERNELS` under ``"linear"``
-(Hopper only, :mod:`nvfp4_ops._device`); until one is registered, the same reference runs on
-the GPU.
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"linear"`` (Hopper only,
+:mod:`nvfp4_ops._device`); until one is registered, the same reference runs on the GPU.
 
 Per call only metadata is checked (:mod:`nvfp4_ops._validate`); the weights' values are
 checked once at load with :func:`nvfp4_ops.check_linear_weights`.

@@ -4,9 +4,8 @@
 halves of ``w13``, each with its own global scale.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.mlp_reference`).
-CUDA: the kernel registered under ``"mlp"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`
-(Hopper only, :mod:`nvfp4_ops._device`); until one is registered, the same reference runs on
-the GPU.
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"mlp"`` (Hopper only,
+:mod:`nvfp4_ops._device`); until one is registered, the same reference runs on the GPU.
 
 Per call only metadata and ``swiglu_limit`` are checked (:mod:`nvfp4_ops._validate`); the
 weights' values are checked once at load with :func:`nvfp4_ops.check_mlp_weights`.

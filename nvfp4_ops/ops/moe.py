@@ -4,9 +4,9 @@
 with ``expert(e)(x) = down_e(silu(min(gate_e(x), L)) * clamp(up_e(x), -L, L))``.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.moe_reference`).
-CUDA: the kernel registered under ``"moe"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`
-(Hopper only, :mod:`nvfp4_ops._device`); until one is registered the reference runs on the
-GPU, which syncs with the host per expert and so must not be captured in a CUDA graph.
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"`` (Hopper only,
+:mod:`nvfp4_ops._device`); until one is registered the reference runs on the GPU, which syncs
+with the host per expert and so must not be captured in a CUDA graph.
 
 Per call only metadata and the Python scalars are checked, on the host
 (:mod:`nvfp4_ops._validate`): nothing reads device data, so an eager call does not sync.
@@ -150,7 +150,7 @@ def moe(
         wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
             (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
             decode with fewer instructions; on CUDA this needs
-            :func:`nvfp4_ops.kernels.moe_cuda.wperm_supported` (V4-Flash and V4-Pro: yes).
+            :func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported` (V4-Flash and V4-Pro: yes).
 
     Returns:
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.
