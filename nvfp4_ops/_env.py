@@ -39,6 +39,9 @@ Variable                                   Accepted values (default first)
                                            the kernels read it)
 ``NVFP4_OPS_DENSE_WFRAG``                  ``auto`` | boolean: the glue prepares dense
                                            weights in the ``wfrag`` order (auto: on CUDA)
+``NVFP4_OPS_MXFP4``                        boolean, default on: the glue runs DeepSeek's
+                                           MXFP4 routed experts on ``nvfp4::moe`` (off:
+                                           vLLM's own MXFP4 method)
 =========================================  ================================================
 
 This module imports nothing of the package (every layer may use it).
@@ -55,6 +58,7 @@ __all__ = [
     "DENSE_WFRAG",
     "DISK_CACHE",
     "MOE_WPERM",
+    "MXFP4",
     "NO_COMPILE_AFTER_WARMUP",
     "NVFP4EnvError",
     "STREAMK_COUNTERS",
@@ -76,6 +80,7 @@ STREAMK_COUNTERS = "NVFP4_OPS_STREAMK_COUNTERS"
 VLLM = "NVFP4_OPS_VLLM"
 MOE_WPERM = "NVFP4_OPS_MOE_WPERM"
 DENSE_WFRAG = "NVFP4_OPS_DENSE_WFRAG"
+MXFP4 = "NVFP4_OPS_MXFP4"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
