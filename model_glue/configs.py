@@ -25,15 +25,15 @@ from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
-from model_glue._env import flag
 from model_glue.linear import Nvfp4OpsLinearMethod
 from model_glue.moe import ModelOptNvFp4OpsFusedMoE, Mxfp4OpsFusedMoE
+from nvfp4_ops._env import MXFP4, flag
 
 __all__ = ["DEEPSEEK_V4_MODEL_TYPES", "MXFP4_SWITCH", "make_deepseek_v4_fp8_config",
            "mxfp4_enabled", "Nvfp4OpsModelOptConfig"]
 
 #: ``0`` keeps vLLM's own Mxfp4MoEMethod for MXFP4 routed experts (default: ours).
-MXFP4_SWITCH = "NVFP4_OPS_MXFP4"
+MXFP4_SWITCH = MXFP4
 
 DEEPSEEK_V4_MODEL_TYPES = ("deepseek_v4", "deepseek_v4_text", "deepseek_v41",
                            "deepseek_v41_text")

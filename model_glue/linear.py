@@ -32,8 +32,6 @@ are in the dense kernel's design notes).
 
 from __future__ import annotations
 
-import os
-
 import torch
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
@@ -41,8 +39,9 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 
-import nvfp4_ops  # registers torch.ops.nvfp4.*
-from model_glue.moe import check_block_scales, check_global_scales
+import nvfp4_ops  # noqa: F401  (registers torch.ops.nvfp4.*)
+from nvfp4_ops import _env
+from nvfp4_ops.prepare import prepare_linear
 
 __all__ = ["Nvfp4OpsLinearMethod"]
 
@@ -91,22 +90,25 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
         layer.register_parameter("input_scale", input_scale)
 
     def process_weights_after_loading(self, layer) -> None:
-        where = f"nvfp4_ops linear {self.prefix}".rstrip()
-        check_global_scales(where, "weight_scale_2 (one per shard)", layer.weight_scale_2.data)
-        check_block_scales(where, "weight_scale", layer.weight_scale.data)
-        widths = torch.tensor(layer.logical_widths, device=layer.weight_scale_2.device)
-        per_row = torch.repeat_interleave(layer.weight_scale_2.data.float(), widths)
+        """Per-row global scales from the shards' ``weight_scale_2``, the weights checked once,
+        the codes in the ``wfrag`` order on CUDA (:func:`nvfp4_ops.prepare.prepare_linear`;
+        ``NVFP4_OPS_DENSE_WFRAG`` forces it either way).
+
+        Raises:
+            nvfp4_ops.NVFP4InputError: a bad scale (``global_scale`` is the per-row expansion
+                of ``weight_scale_2``), named with the layer.
+        """
+        where = f"nvfp4_ops linear {self.prefix} (global_scale = weight_scale_2)".strip()
+        if not layer.weight.data.is_contiguous():
+            layer.weight.data = layer.weight.data.contiguous()
+        # in place, once per load (this method runs once after every weight load)
+        per_row, layer.nvfp4_wfrag = prepare_linear(
+            layer.weight.data, layer.weight_scale.data, layer.weight_scale_2.data,
+            list(layer.logical_widths), wfrag=_env.auto_flag(_env.DENSE_WFRAG), where=where)
         del layer.weight_scale_2
         del layer.input_scale
-        layer.register_parameter(
-            "weight_global", torch.nn.Parameter(per_row.contiguous(), requires_grad=False))
-        layer.nvfp4_wfrag = False
-        if _wfrag_wanted(layer.weight):
-            if not layer.weight.data.is_contiguous():
-                layer.weight.data = layer.weight.data.contiguous()
-            # in place, once per load (this method runs once after every weight load)
-            nvfp4_ops.to_wfrag_(layer.weight.data)
-            layer.nvfp4_wfrag = True
+        layer.register_parameter("weight_global",
+                                 torch.nn.Parameter(per_row, requires_grad=False))
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -116,15 +118,3 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
                                      None if bias is None else bias.to(torch.bfloat16),
                                      getattr(layer, "nvfp4_wfrag", False))
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-
-
-def _wfrag_wanted(weight: torch.Tensor) -> bool:
-    """``NVFP4_OPS_DENSE_WFRAG``: ``auto`` (default): on CUDA; ``1``: always; ``0``: never.
-    (Every layer this method builds has ``K % 32 == 0``, checked in ``create_weights``, which
-    is all ``to_wfrag_`` needs.)"""
-    mode = os.environ.get("NVFP4_OPS_DENSE_WFRAG", "auto").strip().lower()
-    if mode not in ("auto", "1", "0"):
-        raise ValueError(f"NVFP4_OPS_DENSE_WFRAG must be auto, 1 or 0, got {mode!r}")
-    if mode != "auto":
-        return mode == "1"
-    return weight.is_cuda

@@ -68,8 +68,6 @@ the op is called with ``output_scale=1.0`` either way.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
@@ -77,40 +75,13 @@ from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 
-import nvfp4_ops  # (importing it registers torch.ops.nvfp4.*)
+from nvfp4_ops import _env
 from nvfp4_ops.format import UE8M0_NAN
+from nvfp4_ops.prepare import prepare_moe, prepare_mxfp4_moe
 
-__all__ = ["ModelOptNvFp4OpsFusedMoE", "Mxfp4OpsFusedMoE", "NVFP4ScaleError"]
+__all__ = ["ModelOptNvFp4OpsFusedMoE", "Mxfp4OpsFusedMoE"]
 
 logger = init_logger(__name__)
-
-
-class NVFP4ScaleError(ValueError):
-    """A checkpoint scale that NVFP4 cannot use (zero, negative, NaN/Inf, or never loaded)."""
-
-
-def check_global_scales(where: str, name: str, scale: torch.Tensor) -> None:
-    """Raise :class:`NVFP4ScaleError` unless every entry of ``scale`` is finite and > 0."""
-    bad = ~(torch.isfinite(scale) & (scale > 0))
-    if bool(bad.any()):
-        idx = bad.nonzero()[:4].tolist()
-        vals = [scale[tuple(i)].item() for i in idx]
-        raise NVFP4ScaleError(
-            f"{where}: {name} must be finite and > 0; {int(bad.sum())} bad entries, first at "
-            f"{idx} = {vals} (NaN usually means the checkpoint has no tensor for it)"
-        )
-
-
-def check_block_scales(where: str, name: str, scale: torch.Tensor) -> None:
-    """e4m3 block scales: zero is legal (an all-zero block), NaN or negative is not."""
-    f = scale.float()
-    bad = ~(torch.isfinite(f) & (f >= 0))
-    if bool(bad.any()):
-        idx = bad.nonzero()[:4].tolist()
-        raise NVFP4ScaleError(
-            f"{where}: {name} has {int(bad.sum())} NaN/negative e4m3 block scales, first at "
-            f"{idx} (NaN usually means the checkpoint has no tensor for it)"
-        )
 
 
 def _check_supported(moe_config, what: str) -> None:
@@ -128,8 +99,8 @@ class _OpsFusedMoE:
     """What both methods share: vLLM's fused-MoE interface around ``nvfp4::moe``.
 
     A mixin placed before vLLM's method class in the bases. A subclass says where its global
-    scales live (:meth:`_global_scales`) and calls :meth:`_prepare_codes` and
-    :meth:`_setup_expert_range` at the end of its ``process_weights_after_loading``.
+    scales live (:meth:`_global_scales`), prepares its weights with :mod:`nvfp4_ops.prepare`
+    and calls :meth:`_setup_expert_range` at the end of its ``process_weights_after_loading``.
     """
 
     def _init_ops_state(self) -> None:
@@ -164,33 +135,18 @@ class _OpsFusedMoE:
     def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def _prepare_codes(self, layer) -> None:
-        """The codes as the kernels read them: contiguous, and on CUDA (where supported)
-        permuted in place into the ``wperm`` bit order."""
-        for name in ("w13_weight", "w2_weight"):
+    @staticmethod
+    def _contiguous(layer, *names: str) -> None:
+        for name in names:
             p = getattr(layer, name)
             if not p.data.is_contiguous():
                 p.data = p.data.contiguous()
-        if self._wperm_wanted(layer):
-            # in place, once per load (this method runs once after every weight load)
-            nvfp4_ops.to_wperm_(layer.w13_weight.data)
-            nvfp4_ops.to_wperm_(layer.w2_weight.data)
-            self.wperm = True
 
     @staticmethod
-    def _wperm_wanted(layer) -> bool:
-        """``NVFP4_OPS_MOE_WPERM``: ``auto`` (default): on CUDA where the MoE kernels read the
-        ``wperm`` order; ``1``: always; ``0``: never."""
-        mode = os.environ.get("NVFP4_OPS_MOE_WPERM", "auto").strip().lower()
-        if mode not in ("auto", "1", "0"):
-            raise ValueError(f"NVFP4_OPS_MOE_WPERM must be auto, 1 or 0, got {mode!r}")
-        if mode != "auto":
-            return mode == "1"
-        if not layer.w13_weight.is_cuda:
-            return False
-        from nvfp4_ops.kernels.dispatch import moe_wperm_supported as wperm_supported
-
-        return wperm_supported(layer.w2_weight.shape[1], layer.w13_weight.shape[1] // 2)
+    def _wperm_wanted() -> bool | None:
+        """``NVFP4_OPS_MOE_WPERM``: ``auto`` (None: on CUDA where the MoE kernels read the
+        ``wperm`` order), or a boolean that forces it."""
+        return _env.auto_flag(_env.MOE_WPERM)
 
     def _setup_expert_range(self, layer) -> None:
         """EP: the op takes GLOBAL ids plus the first global id of a contiguous local range.
@@ -279,21 +235,27 @@ class ModelOptNvFp4OpsFusedMoE(_OpsFusedMoE, ModelOptNvFp4FusedMoE):
         layer.w2_weight_scale_2.data.fill_(float("nan"))
 
     def process_weights_after_loading(self, layer) -> None:
-        where = self._where(layer, "NVFP4")
-        check_global_scales(where, "w13_weight_scale_2 (gate, up)", layer.w13_weight_scale_2)
-        check_global_scales(where, "w2_weight_scale_2", layer.w2_weight_scale_2)
-        check_block_scales(where, "w13_weight_scale", layer.w13_weight_scale)
-        check_block_scales(where, "w2_weight_scale", layer.w2_weight_scale)
-        for name in ("w13_weight_scale", "w13_weight_scale_2", "w2_weight_scale",
-                     "w2_weight_scale_2"):
-            p = getattr(layer, name)
-            if not p.data.is_contiguous():
-                p.data = p.data.contiguous()
+        """Check the weights once and, on CUDA where the kernels read it, put the codes in the
+        ``wperm`` order in place (:func:`nvfp4_ops.prepare.prepare_moe`).
+
+        Raises:
+            nvfp4_ops.NVFP4InputError: a bad scale (NaN or negative block scale, non-positive
+                or non-finite ``weight_scale_2``, e.g. one the checkpoint never provided); the
+                message names the layer and the op argument (``w13_global`` is
+                ``w13_weight_scale_2``, ``w2_global`` is ``w2_weight_scale_2``).
+        """
+        where = (f"{self._where(layer, 'NVFP4')} (w13_global = w13_weight_scale_2, "
+                 "w2_global = w2_weight_scale_2)")
+        self._contiguous(layer, "w13_weight", "w2_weight", "w13_weight_scale",
+                         "w13_weight_scale_2", "w2_weight_scale", "w2_weight_scale_2")
         # W4A16: the activation scales are never used; drop them (and their memory).
         for name in ("w13_input_scale", "w2_input_scale"):
             if hasattr(layer, name):
                 delattr(layer, name)
-        self._prepare_codes(layer)
+        self.wperm = prepare_moe(
+            layer.w13_weight.data, layer.w13_weight_scale.data, layer.w13_weight_scale_2.data,
+            layer.w2_weight.data, layer.w2_weight_scale.data, layer.w2_weight_scale_2.data,
+            wperm=self._wperm_wanted(), where=where)
         self._setup_expert_range(layer)
 
     def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,22 +302,19 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
         """
         where = self._where(layer, "MXFP4")
         inter = layer.w13_weight.shape[1] // 2
-        rows = {"w13": f"[E, 2I, H/32]: rows 0..{inter - 1} = w1, {inter}.. = w3",
-                "w2": "[E, H, I/32]"}
-        for stem in ("w13", "w2"):
-            codes = getattr(layer, f"{stem}_weight")
-            if not codes.data.is_contiguous():
-                codes.data = codes.data.contiguous()
-            name = f"{where}: {stem}_weight_scale {rows[stem]}"
-            block, global_scale = nvfp4_ops.mxfp4_to_nvfp4(
-                codes.data, getattr(layer, f"{stem}_weight_scale").data, name=name)
-            # Replacing the parameter drops the last reference to the e8m0 bytes.
+        self._contiguous(layer, "w13_weight", "w2_weight")
+        block13, global13, block2, global2, self.wperm = prepare_mxfp4_moe(
+            layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
+            layer.w2_weight_scale.data, wperm=self._wperm_wanted(),
+            where=f"{where} (w13_weight_scale [E, 2I, H/32]: rows 0..{inter - 1} = w1, "
+                  f"{inter}.. = w3; w2_weight_scale [E, H, I/32])")
+        # Replacing the parameters drops the last references to the e8m0 bytes.
+        for stem, block, global_scale in (("w13", block13, global13), ("w2", block2, global2)):
             delattr(layer, f"{stem}_weight_scale")
             layer.register_parameter(f"{stem}_weight_scale",
                                      torch.nn.Parameter(block, requires_grad=False))
             layer.register_parameter(f"{stem}_weight_global",
                                      torch.nn.Parameter(global_scale, requires_grad=False))
-        self._prepare_codes(layer)
         self._setup_expert_range(layer)
 
     def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,19 +22,22 @@ whether MXFP4 routed experts are taken: ``NVFP4_OPS_MXFP4``, default on, see
 
 from __future__ import annotations
 
-import os
+from nvfp4_ops import _env
 
 __all__ = ["ENV_SWITCH", "enabled", "register"]
 
-ENV_SWITCH = "NVFP4_OPS_VLLM"
-_TRUE = ("1", "true", "yes", "on")
+ENV_SWITCH = _env.VLLM
 
 _installed: list[str] | None = None
 
 
 def enabled() -> bool:
-    """Whether ``NVFP4_OPS_VLLM`` asks for the glue."""
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in _TRUE
+    """Whether ``NVFP4_OPS_VLLM`` asks for the glue (default off).
+
+    Raises:
+        nvfp4_ops._env.NVFP4EnvError: the variable is not a boolean spelling.
+    """
+    return _env.flag(ENV_SWITCH, False)
 
 
 def register() -> list[str]:

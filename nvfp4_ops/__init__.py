@@ -29,6 +29,7 @@ from nvfp4_ops.ops import (
     to_wfrag_,
     to_wperm_,
 )
+from nvfp4_ops.prepare import prepare_linear, prepare_moe, prepare_mxfp4_moe
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
 
 __version__ = "0.1.0"
@@ -52,6 +53,9 @@ __all__ = [
     "mlp",
     "moe",
     "mxfp4_to_nvfp4",
+    "prepare_linear",
+    "prepare_moe",
+    "prepare_mxfp4_moe",
     "quantize",
     "set_value_checks",
     "to_wfrag_",

@@ -136,6 +136,10 @@ def warmup(
                              f"{type(layer).__name__}")
     if run is None:
         run = torch.cuda.is_available()
+    if run:
+        from nvfp4_ops._device import require_supported_gpu
+
+        require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
     # warm-up is where compiles belong: a later warm-up (another layer, loaded after the
     # first one warmed) may compile even while the no-compile guard is on
     _compile.mark_warm(False)

@@ -318,10 +318,17 @@ def test_bad_inputs_raise_before_launch(tiny):
     w = tiny.args()
     bad_ids = ids.clone()
     bad_ids[1, 2] = TINY.experts  # out of the global range
+    # ids are device data: checked per call only with the debug switch (NVFP4_OPS_VALUE_CHECKS);
+    # without it the kernels drop ids no rank owns (test_expert_parallel_mixed_ids)
+    nvfp4_ops.set_value_checks(True)
+    try:
+        for what, bad in (("id out of range", bad_ids), ("negative id", -ids)):
+            with pytest.raises(nvfp4_ops.NVFP4InputError, match="topk_ids"):
+                nvfp4_ops.moe(hidden, bad, weights, *w, global_num_experts=TINY.experts)
+                pytest.fail(f"no error for {what}")
+    finally:
+        nvfp4_ops.set_value_checks(None)
     cases = {
-        "id out of range": ((hidden, bad_ids, weights, *w),
-                            dict(global_num_experts=TINY.experts)),
-        "negative id": ((hidden, -ids, weights, *w), {}),
         "fp16 hidden": ((hidden.half(), ids, weights, *w), {}),
         "bf16 weights": ((hidden, ids, weights.bfloat16(), *w), {}),
         "float ids": ((hidden, ids.float(), weights, *w), {}),

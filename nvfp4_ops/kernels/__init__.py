@@ -12,10 +12,11 @@ CuTeDSL or Triton and never initialises CUDA.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
+
+from nvfp4_ops import _env
 
 __all__ = ["CUDA_OPS", "cuda_kernel", "describe", "forced_reference"]
 
@@ -25,8 +26,12 @@ CUDA_OPS = ("linear", "mlp", "moe")
 
 
 def forced_reference() -> bool:
-    """``NVFP4_OPS_BACKEND=reference`` makes CUDA tensors run the references (for debugging)."""
-    return os.environ.get("NVFP4_OPS_BACKEND", "") == "reference"
+    """``NVFP4_OPS_BACKEND=reference`` makes CUDA tensors run the references (for debugging).
+
+    Raises:
+        nvfp4_ops._env.NVFP4EnvError: the variable holds something else than auto/reference.
+    """
+    return _env.backend() == "reference"
 
 
 def cuda_kernel(op: str) -> Callable | None:

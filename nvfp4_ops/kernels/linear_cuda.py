@@ -16,12 +16,11 @@ no per-call expansion kernel, no cache of expanded rows.
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 
-from nvfp4_ops import _compile
+from nvfp4_ops import _compile, _env
 from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
@@ -153,7 +152,7 @@ def streamk_workspace(config, num_rows: int, device: torch.device) -> StreamKWor
 
 
 #: ``NVFP4_OPS_STREAMK_COUNTERS``: ``reuse`` (default) or ``per-call`` (:func:`streamk_counters`)
-STREAMK_COUNTERS_ENV = "NVFP4_OPS_STREAMK_COUNTERS"
+STREAMK_COUNTERS_ENV = _env.STREAMK_COUNTERS
 _counters: dict[tuple, torch.Tensor] = {}
 
 
@@ -174,11 +173,9 @@ def streamk_counters(items: int, device: torch.device) -> torch.Tensor:
     ``NVFP4_OPS_STREAMK_COUNTERS=per-call`` restores a fresh zeroed buffer per call.
 
     Raises:
-        ValueError: the environment variable holds something else.
+        nvfp4_ops._env.NVFP4EnvError: the environment variable holds something else.
     """
-    mode = os.environ.get(STREAMK_COUNTERS_ENV, "reuse")
-    if mode not in ("reuse", "per-call"):
-        raise ValueError(f"{STREAMK_COUNTERS_ENV} must be 'reuse' or 'per-call', got {mode!r}")
+    mode = _env.choice(STREAMK_COUNTERS_ENV, ("reuse", "per-call"), "reuse")
     stream = torch.cuda.current_stream(device)
     if mode == "reuse" and torch.cuda.is_current_stream_capturing():
         capture = _capture_id(stream.cuda_stream)

@@ -358,7 +358,7 @@ def test_routed_experts_exact_vs_reference(processed, layer):
 def test_bad_global_scale_fails_loudly(vllm_cpu, tmp_path, bad):
     """A zero / non-finite / absent ``weight_scale_2`` stops post-load processing with an
     error naming the layer and the tensor, instead of serving garbage."""
-    from model_glue.moe import NVFP4ScaleError
+    import nvfp4_ops
 
     ckpt = Checkpoint("fp8", seed=7)
     up = ckpt.layers[1]["experts"][5]["w3"]
@@ -372,7 +372,8 @@ def test_bad_global_scale_fails_loudly(vllm_cpu, tmp_path, bad):
         ckpt.tensors = lambda naming: {k: v for k, v in real_tensors(naming).items()
                                        if k != "layers.1.ffn.experts.5.w3.weight_scale_2"}
     with built_model(ckpt, naming, str(tmp_path)) as eng:
-        with pytest.raises(NVFP4ScaleError, match=r"layers\.1\.ffn.*w13_weight_scale_2"):
+        with pytest.raises(nvfp4_ops.NVFP4InputError,
+                           match=r"layers\.1\.ffn.*w13_weight_scale_2.*w13_global must be"):
             process(eng)
 
 
@@ -508,10 +509,12 @@ def test_dense_wfrag_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch
             got = gu.quant_method.apply(gu, x)
         want = torch.ops.nvfp4.linear(x, before, gu.weight_scale, gu.weight_global, None)
         assert torch.isfinite(want).all() and torch.equal(got, want)
-    monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "sometimes")
-    from model_glue.linear import _wfrag_wanted
+    from nvfp4_ops import _env
+    from nvfp4_ops.prepare import prepare_linear
 
+    # the switch the glue reads (model_glue.linear): a bad value is refused by name
+    monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "sometimes")
     with pytest.raises(ValueError, match="NVFP4_OPS_DENSE_WFRAG"):
-        _wfrag_wanted(before)
-    monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "auto")
-    assert not _wfrag_wanted(before)  # CPU weights keep the checkpoint order
+        _env.auto_flag(_env.DENSE_WFRAG)
+    # auto: CPU weights keep the checkpoint order
+    assert prepare_linear(before.clone(), gu.weight_scale, gu.weight_global)[1] is False
