@@ -1,8 +1,16 @@
 """CPU tests of the benchmark helpers in :mod:`nvfp4_ops.testing` (fast random experts, the
 routing generators, expert-parallel slices, the MoE's byte / FLOP floor, the routing layouts
-the peer MoE kernels read)."""
+the peer MoE kernels read) and of ``benchmarks/bench_moe.py``'s GPU-free paths, run as a
+subprocess (``--help``, ``--dry-run``, no CUDA, ``--fake-timings``; tests never import the
+benchmarks)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +30,9 @@ from nvfp4_ops.testing import (
     skewed_routing,
     uniform_routing,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 # --- routing generators ------------------------------------------------------------------
 
@@ -228,3 +239,88 @@ def test_fast_random_mxfp4_experts():
     assert bool((narrow.w2_scale == 127).all())
     with pytest.raises(ValueError, match="254"):
         fast_random_mxfp4_experts(1, h, i, scale_bytes=(120, 255))
+
+
+# --- benchmarks/bench_moe.py without a GPU ---------------------------------------------------
+
+def _bench(*args: str, tmp_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                   "")]))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the no-GPU paths, also on a GPU machine
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_moe.py"), *args],
+                          capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path or ROOT)
+
+
+def test_bench_moe_help_and_plan():
+    out = _bench("--help")
+    assert out.returncode == 0, out.stderr
+    for flag in ("--shapes", "--tokens", "--routing", "--ep", "--format", "--peers", "--reps",
+                 "--check", "--ranks", "--dry-run", "--time-limit", "--chained", "--stages"):
+        assert flag in out.stdout, flag
+    out = _bench("--dry-run", "--shapes", "v4-pro", "--format", "nvfp4", "mxfp4",
+                 "--ep", "8", "--routing", "skew", "--tokens", "1", "128")
+    assert out.returncode == 0, out.stderr
+    assert "1 shape(s) x 2 format(s) x 1 EP x 1 routing(s) x 2 T = 4 cells" in out.stdout
+    assert "estimated time" in out.stdout
+    bad = _bench("--dry-run", "--ep", "3")
+    assert bad.returncode == 2 and "--ep 3" in bad.stderr
+
+
+def test_bench_moe_without_cuda_measures_nothing():
+    out = _bench("--shapes", "v4-flash", "--tokens", "8")
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device; nothing measured" in out.stdout
+    ranks = _bench("--ranks", "2", "--shapes", "v4-flash")
+    assert ranks.returncode == 0, ranks.stderr
+    assert "needs 2 CUDA devices, found 0" in ranks.stdout
+
+
+def test_bench_moe_fake_timings_write_every_row(tmp_path):
+    """The reporting path on fake timings: one JSON per format and shape with every planned
+    cell, real routing counts, derived ratios, the metadata; a table per shape / format /
+    routing / EP; every file marked fake."""
+    out = _bench("--fake-timings", "--shapes", "v4-flash", "--format", "nvfp4", "mxfp4",
+                 "--tokens", "1", "512", "--chained", "2", "--out-dir", str(tmp_path),
+                 tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for f in ("nvfp4", "mxfp4"):
+        doc = json.loads((tmp_path / f"bench_moe_{f}_v4-flash.json").read_text())
+        assert doc["format"] == f and doc["shape"]["name"] == "v4-flash"
+        meta = doc["meta"]
+        assert meta["fake"] is True and "FAKE" in meta["gpu"]
+        assert "--fake-timings" in meta["command"] and meta["versions"]["torch"]
+        assert "commit" in meta and "source_fingerprint" in meta
+        rows = doc["rows"]
+        assert [(r["ep"], r["routing"], r["T"]) for r in rows] == [
+            (ep, routing, t) for ep in (1, 8) for routing in ("skew", "uniform")
+            for t in (1, 512)]
+        for r in rows:
+            assert r["local_experts"] == 256 // r["ep"]
+            assert r["local_rows"] <= r["T"] * 6 and r["touched_experts"] <= r["local_experts"]
+            assert r["speedup_vs_humming"] == pytest.approx(r["humming_us"] / r["ours_us"])
+            assert r["speedup_vs_bf16"] == pytest.approx(r["bf16_us"] / r["ours_us"])
+            assert r["ours_chained_us"] > 0
+            assert r["humming_gemm"] == ("indexed" if r["ep"] == 1 else "grouped_contiguous")
+            if r["local_rows"]:
+                assert r["ours_pct_roofline"] == pytest.approx(
+                    100 * r["roofline_us"] / r["ours_us"])
+            if f == "mxfp4":
+                assert r["speedup_vs_ours_nvfp4"] == pytest.approx(
+                    r["ours_nvfp4_us"] / r["ours_us"])
+    ep1 = [r for r in json.loads((tmp_path / "bench_moe_nvfp4_v4-flash.json").read_text())[
+        "rows"] if r["ep"] == 1 and r["T"] == 512 and r["routing"] == "uniform"][0]
+    assert ep1["local_rows"] == 512 * 6 and ep1["touched_experts"] > 200
+    assert out.stdout.count("[FAKE timings]") == 8  # 2 formats x 2 EP x 2 routings
+    assert "== v4-flash | MXFP4 | uniform | EP 8: 32 local experts from 128 ==" in out.stdout
+    assert ("wrote" in out.stdout and "png" in out.stdout) or "plots skipped" in out.stdout
+
+
+def test_bench_moe_time_limit_lists_what_did_not_run(tmp_path):
+    out = _bench("--fake-timings", "--shapes", "v4-flash", "--ep", "1", "--routing", "uniform",
+                 "--tokens", "1", "8", "--time-limit", "1e-9", "--out-dir", str(tmp_path),
+                 tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "bench_moe_nvfp4_v4-flash.json").read_text())
+    assert doc["rows"] == []
+    assert len(doc["notes"]) == 2 and all("not run (--time-limit" in n for n in doc["notes"])
