@@ -53,6 +53,17 @@ the same T, and the all-reduce of the ``[T, H]`` bf16 output timed separately
 CPU: ``--help``, ``--dry-run`` (the plan and its time estimate) and ``--fake-timings`` (the
 reporting path with timings from the estimate model, files marked fake) need no GPU; without
 CUDA the script says so and exits 0. Exit status 3: a ``--check`` failed.
+
+Run from the repository root::
+
+    python benchmarks/bench_moe.py --dry-run                  # the plan, its estimated time
+    python benchmarks/bench_moe.py --shapes v4-flash --format nvfp4 mxfp4 --check
+    python benchmarks/bench_moe.py --shapes v4-pro --ep 8 --routing skew --tokens 512 4096
+    python benchmarks/bench_moe.py --ranks 2                  # two GPUs
+
+Humming needs ``humming-kernels==0.1.19`` importable (it JIT-compiles its kernels with NVRTC
+from the CUDA toolkit's headers on first use, into ``~/.humming/cache``); without it the
+Humming columns are skipped with one line.
 """
 
 from __future__ import annotations
@@ -797,6 +808,8 @@ class HummingMoE:
                                                gemm_type=hm["GemmType"](gemm_type))
             picked = [entry for entry in full if any(entry[0] < m <= entry[1] for m in valid_ms)]
             self.tuning[name] = (json.dumps(picked), picked, len(full))
+        # the bench stops calling it after two failures before any success
+        self.succeeded, self.failures, self.disabled = False, 0, None
         self.locks = torch.zeros(torch.cuda.get_device_properties(device).multi_processor_count
                                  * 8, dtype=torch.int32, device=device)
         self.activation = clamped_swiglu_impl(shape.swiglu_limit)
@@ -1180,7 +1193,9 @@ class GPUBench:
                 parts.append(f"ours {us:.1f} us ({100 * fields['roofline_us'] / us:.0f}% roof)")
             if self.args.stages and cell.fmt == "nvfp4":
                 fields["stages_us"] = self.stages(shape, cell, t, wperm, hidden, ids, weights)
-        if humming is not None:
+        if humming is not None and humming.disabled:
+            errors["humming"] = f"skipped after two failures ({humming.disabled})"
+        elif humming is not None:
             fields["humming_gemm"] = humming.gemm_type
             try:
                 meta = humming.prepare(ids)
@@ -1191,7 +1206,14 @@ class GPUBench:
                 us, h_out, first = None, f"{type(exc).__name__}: {exc}", 0.0
             if us is None:
                 errors["humming"] = h_out
+                humming.failures += 1
+                if not humming.succeeded and humming.failures >= 2:
+                    humming.disabled = h_out  # it never ran: stop paying for its attempts
+                    self.report.note(cell.fmt, cell.shape, f"{cell.shape} {cell.fmt} EP "
+                                     f"{cell.ep}: Humming failed on its first two cells, "
+                                     f"skipped for the rest: {h_out}")
             else:
+                humming.succeeded = True
                 fields.update(humming_us=us, humming_chained_us=chained)
                 ratio = (f" (vs H {us / fields['ours_us']:.2f}x)" if fields.get("ours_us")
                          else "")
@@ -1438,8 +1460,7 @@ def _rank_report(world: int, gathered: list[list[dict]], cfg: dict) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench_moe.py", description=__doc__.split("\n")[0],
-        epilog="Module docstring: method, columns, the Humming asymmetry. Device: carry .device "
-               "(and .whl for Humming); see benchmarks/README.md for the commands.")
+        epilog="The module docstring gives the method, the columns and the Humming asymmetry.")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     parser.add_argument("--tokens", nargs="+", type=int, default=None,
                         help=f"token counts (default {' '.join(map(str, TOKENS))}; with --ranks "
