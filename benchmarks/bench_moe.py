@@ -23,7 +23,8 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
   combine; Humming's figures are therefore a lower bound of what its call costs inside vLLM.
 * **bf16**: the same MoE with bf16 weights (random, same sizes) and ``torch._grouped_mm``
   (routing by ``argsort``, gather, grouped GEMM 1, clamped SwiGLU, grouped GEMM 2, router
-  weight, ``index_add_`` combine), timed in a phase of its own (its V4-Pro weights are 51 GB).
+  weight, ``index_add_`` combine), timed in a phase of its own before the others (its V4-Pro
+  weights are 51 GB).
 
 Timing: each implementation is captured once per cell in a CUDA graph holding ONE call; every
 timed replay is preceded by an untimed L2 flush that *reads* 256 MB (a write flush leaves dirty
@@ -942,8 +943,8 @@ def stage_callables(shape: MoEShape, t: dict, wperm: bool, start: int, local: in
 
 
 class GPUBench:
-    """Runs the plan on the GPU, shape by shape: for each format ours and Humming cell by cell
-    (interleaved), then the bf16 baseline over the same cells, then frees everything."""
+    """Runs the plan on the GPU, shape by shape: the bf16 baseline over the shape's cells, then
+    for each format ours and Humming cell by cell (interleaved); each phase frees its weights."""
 
     def __init__(self, plan: list[Cell], args: argparse.Namespace, report: Report) -> None:
         self.plan = plan
@@ -1029,6 +1030,14 @@ class GPUBench:
         nvfp4_ops.warmup([shape.name])  # compile (or load) and run every variant once
         log(f"{shape.name}: warmup {time.monotonic() - t0:.1f} s; nvfp4::moe runs "
             f"{nvfp4_ops.kernels.describe('moe', self.device)}")
+        if "bf16" in self.args.peers:  # first: a --time-limit cuts the formats' cells instead
+            try:
+                self.run_bf16(shape, cells)
+            except Exception:  # noqa: BLE001
+                self.report.note(None, shape.name, f"{shape.name} bf16: FAILED:\n"
+                                 + traceback.format_exc())
+            gc.collect()
+            torch.cuda.empty_cache()
         for fmt in dict.fromkeys(c.fmt for c in cells):
             try:
                 self.run_format(shape, fmt, [c for c in cells if c.fmt == fmt])
@@ -1037,12 +1046,6 @@ class GPUBench:
                                  "cells skipped:\n" + traceback.format_exc())
             gc.collect()
             torch.cuda.empty_cache()
-        if "bf16" in self.args.peers:
-            try:
-                self.run_bf16(shape, cells)
-            except Exception:  # noqa: BLE001
-                self.report.note(None, shape.name, f"{shape.name} bf16: FAILED:\n"
-                                 + traceback.format_exc())
 
     def slices(self, shape: MoEShape, cells: list[Cell]) -> dict[int, tuple[int, int]]:
         return {ep: ep_slice(shape.experts, ep) for ep in dict.fromkeys(c.ep for c in cells)}
