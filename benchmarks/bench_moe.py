@@ -46,6 +46,11 @@ every skip and error); a table per shape / routing / EP / format and a PNG per s
 format (µs vs T, log-log) at the end. A failing implementation or cell prints one line and the
 run goes on; ``--time-limit`` stops starting cells (the rest are listed as not run).
 
+``--stages`` (NVFP4, a diagnostic): ours' routing, gather, GEMM 1, GEMM 2 and combine, each
+in a graph of its own (cold L2 each, no launch overlap), built from the op's internal pieces
+(``moe_cuda.op_tile``, ``triton.moe_routing``, ``linear_cuda.grouped_w4a16_gemm`` and its
+global-scale views, ``triton.moe_combine``); their sum against the whole op shows the gaps.
+
 ``--ranks 2``: one process per GPU (NCCL; NVLink multicast off in every process), rank r owns
 experts ``[r E/2, (r+1) E/2)``; per-rank device time of the local MoE vs the single-GPU op at
 the same T, and the all-reduce of the ``[T, H]`` bf16 output timed separately
