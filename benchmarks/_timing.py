@@ -1,6 +1,23 @@
-"""Device timing shared by the benchmark and dev scripts: CUDA-graph replays timed with CUDA
-events, median per call in microseconds (the method of METHOD.md: device time only, no launch
-overhead from Python)."""
+"""Device timing shared by the benchmarks and the dev scripts.
+
+The method (device time only, no Python launch overhead in the numbers):
+
+* **One op call per CUDA-graph replay**, timed with CUDA events around the replay; the median
+  over many replays is reported, in µs per call. Warm up first (compile, module load) and
+  capture after, so nothing compiles inside a timed region.
+* **L2 flushed by a read before every timed replay** (:func:`l2_flush`, untimed): a reduction
+  over a buffer larger than the 50-60 MB L2 of an H100 / H200 evicts the weights and the
+  activations without leaving dirty lines behind. Flushing by *writing* the buffer leaves L2
+  full of dirty lines whose write-back is charged to the next kernel (on an H200 the same
+  M = 1 linear took 35.6 µs after a write flush, 32.3-32.6 µs after a read flush;
+  ``nvfp4_ops/kernels/DESIGN.md``, "Timing").
+* **Baselines in the same process**, taken right after the op they are compared with, so
+  clock and machine drift hit both alike.
+* **Chained figures are throughput**: a graph of many back-to-back calls (:func:`capture` of a
+  list) lets each call overlap the previous one's tail (launch overlap); its per-call time is
+  close to a call that follows an unrelated small kernel, but it is a throughput figure and
+  must be labelled as one.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +25,11 @@ import statistics
 from collections.abc import Callable
 
 import torch
+
+__all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_one_call"]
+
+#: flush buffer size: 256 MiB, four to five times the L2 of an H100 / H200
+L2_FLUSH_BYTES = 256 * 2**20
 
 
 def capture(calls: list[Callable[[], object]]) -> torch.cuda.CUDAGraph:
@@ -37,36 +59,64 @@ def replay_median_us(graph: torch.cuda.CUDAGraph, iters: int, calls_per_replay: 
     return statistics.median(times)
 
 
-def read_flush(nbytes: int = 256 * 2**20, device: str | torch.device = "cuda"
-               ) -> Callable[[], object]:
-    """A callable that evicts L2 by *reading* ``nbytes`` (a sum into a preallocated scalar).
+def l2_flush(mode: str = "read", nbytes: int = L2_FLUSH_BYTES,
+             device: str | torch.device = "cuda",
+             buf: torch.Tensor | None = None) -> Callable[[], object]:
+    """A callable that evicts L2 through a ``uint8`` buffer of ``nbytes`` (or ``buf``):
+    ``read`` reduces over it (clean lines: the method), ``write`` fills it (dirty lines, kept
+    to reproduce older results).
 
-    Reading leaves clean lines behind. A write flush (a fill) leaves L2 full of dirty lines whose
-    write-back then competes with the next, timed, kernel for HBM bandwidth, inflating short
-    calls by several µs.
+    Raises:
+        ValueError: ``mode`` is neither ``read`` nor ``write``.
     """
-    buf = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
-    acc = torch.zeros((), dtype=torch.int64, device=device)
-    return lambda: torch.sum(buf, out=acc)
+    if mode not in ("read", "write"):
+        raise ValueError(f"flush mode must be read or write, got {mode!r}")
+    if buf is None:
+        buf = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    if mode == "write":
+        return lambda: buf.fill_(1)
+    return lambda: torch.amax(buf)
 
 
-def time_graph(fn: Callable[[], object], reps: int, warm_reps: int = 3,
-               before_each: Callable[[], object] | None = None, calls_per_graph: int = 1) -> float:
-    """Median µs per call of ``fn`` replayed from a CUDA graph holding ``calls_per_graph``
-    calls of it (1: single-call latency; more: a chained, throughput figure), ``before_each``
-    (e.g. :func:`read_flush`) run untimed before every timed replay.
-
-    ``fn`` runs ``warm_reps`` times on a side stream first, so that nothing compiles or
-    allocates for the first time inside the capture.
-    """
+def time_one_call(fn: Callable[[], object], iters: int,
+                  flush: Callable[[], object] | None, warmup: int = 2) -> float:
+    """Median µs of one call of ``fn`` per CUDA-graph replay, ``flush`` (:func:`l2_flush`)
+    before every timed replay. ``fn`` runs ``warmup`` times eagerly on a side stream first
+    (compiles, loads modules, fills allocator pools), then once inside the captured graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(warm_reps):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = capture([fn] * calls_per_graph)
-    try:
-        return replay_median_us(graph, reps, calls_per_graph, before_each)
-    finally:
-        del graph
+    torch.cuda.synchronize()
+    graph = capture([fn])
+    graph.replay()
+    torch.cuda.synchronize()
+    us = replay_median_us(graph, iters, before_each=flush)
+    del graph
+    return us
+
+
+def time_chained(fn: Callable[[], object], calls: int, iters: int,
+                 flush: Callable[[], object] | None, warmup: int = 1) -> float:
+    """Median µs per call of a CUDA graph holding ``calls`` back-to-back calls of ``fn``,
+    ``flush`` before every timed replay: a throughput figure (each call may overlap the
+    previous one's tail), to be labelled "chained", never reported as a latency. ``fn`` runs
+    ``warmup`` times eagerly on a side stream first, as in :func:`time_one_call`."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = capture([fn] * calls)
+    graph.replay()
+    torch.cuda.synchronize()
+    us = replay_median_us(graph, iters, calls_per_replay=calls, before_each=flush)
+    del graph
+    return us
+
+
+__all__ += ["time_chained"]

@@ -1,8 +1,14 @@
 """Benchmark ``nvfp4::linear`` (CuTeDSL W4A16 GEMM) against ``torch.matmul`` in bf16.
 
-Timing: each op is captured ``reps`` times into one CUDA graph, cycling over ``sets`` weight
-sets (cold L2: the 50 MB L2 of an H200 cannot hold the rotation), the graph is replayed
-``iters`` times and the median replay / reps is reported, in microseconds per call.
+Timing (``benchmarks/_timing.py`` states the method): by default one call per CUDA-graph
+replay, L2 flushed before every timed replay by reading a 256 MiB buffer, the median of 50
+replays, in microseconds per call: single-call latency with cold weights and activations.
+``--chain`` times throughput instead, the method of the committed ``results/linear_h200.log``:
+each op is captured ``reps`` times into one CUDA graph (20 calls, 5 at M > 1024), cycling over
+``sets`` weight sets (cold weights: the 50 MB L2 of an H200 cannot hold the rotation), no
+flush; the graph is replayed 30 times and the median replay / reps is reported. Back-to-back
+calls overlap each other's launch and tail, so chained figures read lower than single calls.
+The NVFP4 op and its bf16 baseline are always timed back to back, with the same method.
 
 Reported per (M, N, K):
 * ``us``: median device time per call;
@@ -17,17 +23,18 @@ Case order (``--order``): ``m`` (default) runs every shape's smallest M first an
 last; ``shape`` runs all M of one shape, then the next. It matters on an H200: the decode
 kernels are bound by the SMs' issue rate, and after the seconds of M = 8192 tensor-core work the
 SM clock is lower for a while, so in ``shape`` order the M = 1 cases of the second and later
-shapes came out ~25 % slower (benchmarks/results/h200_2026-12-01_s4: (18432, 7168) M = 1 39.9
-us after (7168, 18432) M = 8192, 31.2 us run alone; the memory-bound bf16 M = 1 baseline moved
-~3 %). Each row's NVFP4 and bf16 times are always taken back to back.
+shapes came out ~25 % slower (H200: (18432, 7168) M = 1 39.9 us after (7168, 18432) M = 8192,
+31.6 us run first; the memory-bound bf16 M = 1 baseline moved ~3 %; ``nvfp4_ops/kernels/
+DESIGN.md``, "Timing").
 
 Weight order (``--weight-order``): ``wfrag`` (default: the
 weights prepared by ``nvfp4.to_wfrag_`` and the op called with ``wfrag=True``, as the vLLM glue
 does on CUDA by default, ``NVFP4_OPS_DENSE_WFRAG``) or ``checkpoint`` (the weights as stored).
 
-Usage: ``python benchmarks/bench_linear.py [--check] [--ms 1,16,128,8192]
-[--weight-order checkpoint|wfrag] [--out FILE]`` (needs a CUDA GPU). JSON goes to
-``benchmarks/results/linear_<gpu>.json`` by default.
+Usage: ``python benchmarks/bench_linear.py [--check] [--chain] [--ms 1,16,128,8192]
+[--nks 7168x18432,...] [--order m|shape] [--weight-order checkpoint|wfrag] [--out FILE]``
+(needs a CUDA GPU). JSON goes to ``benchmarks/results/linear_h200.json`` by default; its
+``meta`` records the GPU, the versions and the timing method.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _timing import capture, replay_median_us
+from _timing import capture, l2_flush, replay_median_us, time_one_call
 
 import nvfp4_ops
 from nvfp4_ops.reference import linear_fp32
@@ -47,6 +55,10 @@ from nvfp4_ops.reference import linear_fp32
 BW_TBS = 4.1
 PEAK_TFLOPS = 790.0
 NKS = [(7168, 18432), (18432, 7168), (4096, 4096), (1536, 4096)]
+SINGLE_METHOD = ("one call per CUDA-graph replay, L2 flushed by reading 256 MiB before each "
+                 "replay, median of 50 replays")
+CHAIN_METHOD = ("throughput: 20 back-to-back calls per CUDA-graph replay (5 at M > 1024), "
+                "weight sets rotated, no flush, median of 30 replays / calls")
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,10 @@ def time_graph(make_call, sets: int, reps: int, iters: int) -> float:
     return replay_median_us(graph, iters, calls_per_replay=reps)
 
 
-def bench_one(m: int, n: int, k: int, check: bool, wfrag: bool = False) -> Row:
+def bench_one(m: int, n: int, k: int, check: bool, wfrag: bool = False,
+              flush: Callable[[], object] | None = None) -> Row:
+    """One row. ``flush`` (:func:`_timing.l2_flush`): one call per replay with that flush
+    before each; None: the chained throughput method (``--chain``)."""
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     fp4_bytes = 0.5625 * n * k
     sets = max(2, min(8, int(200e6 // fp4_bytes) + 1))
@@ -109,9 +124,13 @@ def bench_one(m: int, n: int, k: int, check: bool, wfrag: bool = False) -> Row:
         wt = bws[i % bsets]
         return lambda: torch.matmul(x, wt.t(), out=outs[i % 2])
 
-    reps = 20 if m <= 1024 else 5
-    t4 = time_graph(make_fp4, sets, reps, 30)
-    t16 = time_graph(make_bf16, bsets, reps, 30)
+    if flush is None:
+        reps = 20 if m <= 1024 else 5
+        t4 = time_graph(make_fp4, sets, reps, 30)
+        t16 = time_graph(make_bf16, bsets, reps, 30)
+    else:
+        t4 = time_one_call(make_fp4(0), 50, flush)
+        t16 = time_one_call(make_bf16(0), 50, flush)
     flops = 2.0 * m * n * k
     floor_us = max(fp4_bytes / (BW_TBS * 1e12), flops / (PEAK_TFLOPS * 1e12)) * 1e6
     return Row(
@@ -132,7 +151,15 @@ def main() -> None:
                    help="m: all shapes at the smallest M first; shape: one shape at a time")
     p.add_argument("--weight-order", choices=("checkpoint", "wfrag"), default="wfrag",
                    help="wfrag: weights prepared by nvfp4.to_wfrag_ (what the glue runs)")
+    p.add_argument("--chain", action="store_true",
+                   help="throughput: 20 back-to-back calls per graph replay, weight sets "
+                        "rotated, no flush (default: one call per replay, L2 read-flushed)")
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_linear: needs a CUDA GPU")
+    flush = None if args.chain else l2_flush("read")
+    method = (CHAIN_METHOD if args.chain else SINGLE_METHOD)
+    print(f"timing: {method}", flush=True)
     ms = [int(v) for v in args.ms.split(",")]
     nks = [tuple(int(v) for v in s.split("x")) for s in args.nks.split(",")]
     if args.order == "m":
@@ -141,7 +168,7 @@ def main() -> None:
         cases = [(m, n, k) for n, k in nks for m in ms]
     rows = []
     for m, n, k in cases:
-        r = bench_one(m, n, k, args.check, args.weight_order == "wfrag")
+        r = bench_one(m, n, k, args.check, args.weight_order == "wfrag", flush)
         rows.append(r)
         print(f"M={m:5d} N={n:5d} K={k:5d}  nvfp4 {r.nvfp4_us:9.2f} us  bf16 "
               f"{r.bf16_us:9.2f} us  x{r.speedup:5.2f}  {r.nvfp4_tbs:5.2f} TB/s  "
@@ -153,6 +180,7 @@ def main() -> None:
         "python": platform.python_version(),
         "order": args.order,
         "weight_order": args.weight_order,
+        "method": method,
     }
     for mod in ("triton", "cutlass", "tvm_ffi"):
         try:

@@ -9,7 +9,7 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
 
 * **ours**: ``nvfp4_ops.moe`` (routing, gather, both grouped GEMMs, combine: the whole op),
   with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
-  (:func:`nvfp4_ops.to_wperm_`) where ``moe_cuda.wperm_supported(H, I)``. MXFP4: the UE8M0
+  (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
   scales converted once by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes unchanged) and per-row global
   scales (``w13_global [E, 2I]``, ``w2_global [E, H]``).
 * **Humming** (``humming-kernels`` 0.1.19, what vLLM 0.33 pins and tries first on SM90 for
@@ -48,8 +48,8 @@ run goes on; ``--time-limit`` stops starting cells (the rest are listed as not r
 
 ``--stages`` (NVFP4, a diagnostic): ours' routing, gather, GEMM 1, GEMM 2 and combine, each
 in a graph of its own (cold L2 each, no launch overlap), built from the op's internal pieces
-(``moe_cuda.op_tile``, ``triton.moe_routing``, ``linear_cuda.grouped_w4a16_gemm`` and its
-global-scale views, ``triton.moe_combine``); their sum against the whole op shows the gaps.
+(``dispatch.plan_moe``, ``triton.moe_routing``, ``linear_cuda.run_gemm`` and its global-scale
+views, ``triton.moe_combine``); their sum against the whole op shows the gaps.
 
 ``--ranks 2``: one process per GPU (NCCL; NVLink multicast off in every process), rank r owns
 experts ``[r E/2, (r+1) E/2)``; per-rank device time of the local MoE vs the single-GPU op at
@@ -91,7 +91,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _timing import read_flush, time_graph
+from _timing import l2_flush, time_chained, time_one_call
 
 import nvfp4_ops
 from nvfp4_ops.shapes import MoEShape, get_shape
@@ -898,6 +898,28 @@ class HummingMoE:
         return weighted_topk_sum(meta["down"], meta["row_index"], topk_weights, meta["out"])
 
 
+def wperm_supported(hidden: int, inter: int) -> bool:
+    """Whether the MoE kernels read ``wperm`` weights at these sizes (the vLLM glue's test)."""
+    from nvfp4_ops.kernels import dispatch
+
+    return dispatch.moe_wperm_supported(hidden, inter)
+
+
+def precompile(shapes: list[str], jobs: int) -> None:
+    """Compile every CuTeDSL variant the shapes reach in ``jobs`` worker processes, into the
+    disk cache (``python -m nvfp4_ops precompile``'s parallel pass), so that
+    :func:`nvfp4_ops.warmup` only loads them; on failure warmup compiles them instead."""
+    t0 = time.monotonic()
+    try:
+        from nvfp4_ops.cli.precompile import _compile_parallel
+
+        log(f"precompiling the kernel variants of {', '.join(shapes)} with {jobs} workers")
+        n = _compile_parallel(list(shapes), True, jobs)
+        log(f"precompile: {n} compiled in {time.monotonic() - t0:.1f} s")
+    except Exception as exc:  # noqa: BLE001 - warmup compiles what is missing
+        log(f"precompile failed ({type(exc).__name__}: {exc}); warmup compiles instead")
+
+
 def _expert_views(tensors: dict[str, torch.Tensor], start: int, count: int) -> dict:
     return {k: v[start:start + count] for k, v in tensors.items()}
 
@@ -913,36 +935,33 @@ def _mxfp4_tensors(m) -> dict[str, torch.Tensor]:
 
 def stage_callables(shape: MoEShape, t: dict, wperm: bool, start: int, local: int,
                     hidden, ids, weights) -> dict[str, Callable]:
-    """``--stages`` (NVFP4): the op's stages at its own tile, each a zero-argument callable
-    built from ``nvfp4_ops.kernels.moe_cuda.op_tile``, ``triton.moe_routing.moe_routing`` /
-    ``gather_rows``, ``linear_cuda.grouped_w4a16_gemm`` (with ``gate_up_global_view`` /
-    ``per_group_global_view``) and ``triton.moe_combine.combine``, launched plainly (no launch
-    overlap): internals under refactoring, a diagnostic only."""
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    """``--stages`` (NVFP4): the op's stages for its own plan, each a zero-argument callable
+    built as ``moe_cuda.moe_forward`` builds them, from ``dispatch.plan_moe``,
+    ``triton.moe_routing.moe_routing`` / ``gather_rows``, ``linear_cuda.run_gemm`` (with
+    ``gate_up_global_view`` / ``per_group_global_view``) and ``triton.moe_combine.combine``,
+    launched without launch overlap: internals, a diagnostic only."""
+    from nvfp4_ops.kernels import dispatch, linear_cuda
     from nvfp4_ops.kernels.triton import moe_combine, moe_routing
 
     num_tokens, top_k = ids.shape
     h, i = shape.hidden, shape.intermediate
-    block_m, kperm = moe_cuda.op_tile(num_tokens, top_k, local, h, i)
-    routing = moe_routing.moe_routing(ids, local, start, block_m)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
-    act = torch.empty(a.shape[0], i, dtype=torch.bfloat16, device=a.device)
-    y = torch.empty(a.shape[0], h, dtype=torch.bfloat16, device=a.device)
-    kw = {"kperm": True} if kperm else {}
-    if wperm:
-        kw["wperm"] = True
+    order = dispatch.WeightOrder.WPERM if wperm else dispatch.WeightOrder.CHECKPOINT
+    plan = dispatch.plan_moe(num_tokens, top_k, local, h, i, order=order, chained=False)
+    routing = moe_routing.moe_routing(ids, local, start, plan.block_m)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, plan.act_order)
+    act = torch.empty(plan.num_rows, i, dtype=torch.bfloat16, device=a.device)
+    y = torch.empty(plan.num_rows, h, dtype=torch.bfloat16, device=a.device)
     g13 = linear_cuda.gate_up_global_view(t["w13_global"], i)
     g2 = linear_cuda.per_group_global_view(t["w2_global"], h)
-    common = {"bias": None, "block_m": block_m, "tile_rows": routing.tile_rows, **kw}
+    tiles = {"tile_expert": routing.tile_expert, "tile_rows": routing.tile_rows}
     return {
-        "routing": lambda: moe_routing.moe_routing(ids, local, start, block_m),
-        "gather": lambda: moe_routing.gather_rows(hidden, weights, routing, kperm),
-        "gemm1": lambda: linear_cuda.grouped_w4a16_gemm(
-            a, routing.tile_expert, t["w13"], t["w13_scale"], g13, act, epilogue="swiglu",
-            swiglu_limit=shape.swiglu_limit, row_scale=None, **common),
-        "gemm2": lambda: linear_cuda.grouped_w4a16_gemm(
-            act, routing.tile_expert, t["w2"], t["w2_scale"], g2, y, epilogue="row_scale",
-            swiglu_limit=None, row_scale=row_scale, **common),
+        "routing": lambda: moe_routing.moe_routing(ids, local, start, plan.block_m),
+        "gather": lambda: moe_routing.gather_rows(hidden, weights, routing, plan.act_order),
+        "gemm1": lambda: linear_cuda.run_gemm(plan.gate_up, a, t["w13"], t["w13_scale"], g13,
+                                              act, row_scale=None,
+                                              swiglu_limit=shape.swiglu_limit, **tiles),
+        "gemm2": lambda: linear_cuda.run_gemm(plan.down, act, t["w2"], t["w2_scale"], g2, y,
+                                              row_scale=row_scale, swiglu_limit=None, **tiles),
         "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
     }
 
@@ -956,7 +975,7 @@ class GPUBench:
         self.args = args
         self.report = report
         self.device = "cuda"
-        self.flush = read_flush(device=self.device)
+        self.flush = l2_flush("read", device=self.device)
         self.deadline = time.monotonic() + args.time_limit if args.time_limit else None
         self.done = 0
         self._inputs: dict[tuple, tuple] = {}
@@ -978,11 +997,10 @@ class GPUBench:
             out = fn()
             torch.cuda.synchronize()
             out = out.clone() if keep else None
-            us = time_graph(fn, self.args.reps, self.args.warm_reps, self.flush)
+            us = time_one_call(fn, self.args.reps, self.flush, warmup=self.args.warm_reps)
             chained = None
             if self.args.chained and chain:
-                chained = time_graph(fn, self.args.reps, 1, self.flush,
-                                     calls_per_graph=self.args.chained)
+                chained = time_chained(fn, self.args.chained, self.args.reps, self.flush)
             return us, chained, out
         except Exception as exc:  # noqa: BLE001 - fail soft: one line, the run goes on
             msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
@@ -1001,7 +1019,8 @@ class GPUBench:
     # the run ---------------------------------------------------------------------------------
     def run(self) -> None:
         shapes = list(dict.fromkeys(c.shape for c in self.plan))
-        self.precompile(shapes)
+        if self.args.jobs > 0:
+            precompile(shapes, self.args.jobs)
         for name in shapes:
             self._inputs = {}
             try:
@@ -1012,23 +1031,6 @@ class GPUBench:
             self._inputs = {}
             gc.collect()
             torch.cuda.empty_cache()
-
-    def precompile(self, shapes: list[str]) -> None:
-        """Compile every CuTeDSL variant of the shapes in ``--jobs`` worker processes (into
-        the disk cache), so that :func:`nvfp4_ops.warmup` only loads them."""
-        if self.args.jobs < 1:
-            return
-        t0 = time.monotonic()
-        try:
-            from nvfp4_ops.cli.precompile import compile_configs
-            from nvfp4_ops.kernels import linear_cuda
-
-            configs = linear_cuda.variants_for_shapes(shapes)
-            log(f"precompiling {len(configs)} kernel variants with {self.args.jobs} workers")
-            n = compile_configs(configs, self.args.jobs, label="precompile")
-            log(f"precompile: {n} compiled in {time.monotonic() - t0:.1f} s")
-        except Exception as exc:  # noqa: BLE001 - warmup compiles what is missing
-            log(f"precompile failed ({type(exc).__name__}: {exc}); warmup compiles instead")
 
     def run_shape(self, shape: MoEShape, cells: list[Cell]) -> None:
         t0 = time.monotonic()
@@ -1112,10 +1114,8 @@ class GPUBench:
     def prepare_ours(self, shape: MoEShape, fmt: str, bases: list, views: dict, slices: dict
                      ) -> tuple[dict, str | None]:
         """Ours per EP slice: ``(ep -> (call, tensors, wperm))``, or ``({}, why not)``."""
-        from nvfp4_ops.kernels import moe_cuda
-
         h, i = shape.hidden, shape.intermediate
-        wperm = moe_cuda.wperm_supported(h, i)
+        wperm = wperm_supported(h, i)
         if fmt == "mxfp4":
             convert = getattr(nvfp4_ops, "mxfp4_to_nvfp4", None)
             if convert is None:
@@ -1323,24 +1323,19 @@ def _rank_main(rank: int, world: int, rdzv: str, cfg: dict) -> None:
     os.environ.update(MULTICAST_OFF)
     import torch.distributed as dist
 
-    from nvfp4_ops.kernels import moe_cuda
-
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{rdzv}/rendezvous", rank=rank,
                             world_size=world, timeout=datetime.timedelta(minutes=5),
                             device_id=device)
     if rank == 0 and cfg["jobs"] > 0:
-        from nvfp4_ops.cli.precompile import compile_configs
-        from nvfp4_ops.kernels import linear_cuda
-
-        compile_configs(linear_cuda.variants_for_shapes(cfg["shapes"]), cfg["jobs"])
+        precompile(cfg["shapes"], cfg["jobs"])
     dist.barrier()
-    flush = read_flush(device=device)
+    flush = l2_flush("read", device=device)
     rows = []
     try:
         for name in cfg["shapes"]:
-            rows += _rank_shape(rank, world, get_shape(name), cfg, flush, dist, moe_cuda)
+            rows += _rank_shape(rank, world, get_shape(name), cfg, flush, dist)
         gathered = [None] * world
         dist.all_gather_object(gathered, rows)
         if rank == 0:
@@ -1349,12 +1344,12 @@ def _rank_main(rank: int, world: int, rdzv: str, cfg: dict) -> None:
         dist.destroy_process_group()
 
 
-def _rank_shape(rank, world, shape, cfg, flush, dist, moe_cuda) -> list[dict]:
+def _rank_shape(rank, world, shape, cfg, flush, dist) -> list[dict]:
     h, i, e = shape.hidden, shape.intermediate, shape.experts
     local = e // world
     start = rank * local
     dev = torch.device("cuda", rank)
-    wperm = moe_cuda.wperm_supported(h, i)
+    wperm = wperm_supported(h, i)
     full = None
     if rank == 0:  # all experts, for the single-GPU op; this rank's slice is a view
         full = fast_random_experts(e, h, i, device=dev, seed=cfg["seed"])
@@ -1383,7 +1378,7 @@ def _rank_shape(rank, world, shape, cfg, flush, dist, moe_cuda) -> list[dict]:
                                  swiglu_limit=shape.swiglu_limit, wperm=wperm)
 
         try:
-            row["local_us"] = time_graph(local_moe, cfg["reps"], cfg["warm_reps"], flush)
+            row["local_us"] = time_one_call(local_moe, cfg["reps"], flush, cfg["warm_reps"])
         except Exception as exc:  # noqa: BLE001
             row["local_error"] = f"{type(exc).__name__}: {exc}"
         if full is not None:
@@ -1394,8 +1389,8 @@ def _rank_shape(rank, world, shape, cfg, flush, dist, moe_cuda) -> list[dict]:
                                      swiglu_limit=shape.swiglu_limit, wperm=wperm)
 
             try:
-                row["single_gpu_us"] = time_graph(single_gpu, cfg["reps"], cfg["warm_reps"],
-                                                  flush)
+                row["single_gpu_us"] = time_one_call(single_gpu, cfg["reps"], flush,
+                                                     cfg["warm_reps"])
             except Exception as exc:  # noqa: BLE001
                 row["single_gpu_error"] = f"{type(exc).__name__}: {exc}"
         row["allreduce_us"], row["allreduce_mode"] = _time_allreduce(

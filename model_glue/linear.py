@@ -24,9 +24,10 @@ then permuted **in place** into the order every dense GPU kernel reads with natu
 activations (``nvfp4::to_wfrag_``: MMA-fragment order plus the ``wperm`` bit order, same bytes
 per 16-byte block; :mod:`nvfp4_ops.kernels.wfrag`), and the op is called with ``wfrag=True``.
 ``NVFP4_OPS_DENSE_WFRAG`` = ``auto`` (default: on CUDA) / ``1`` (also on CPU, where the
-reference undoes it) / ``0`` (keep the checkpoint order). On H200 this order made the dense
-GEMMs at (7168, 18432) / (18432, 7168) 1.11-1.13× faster at M = 1, 1.03-1.06× at M = 16,
-1.13-1.17× at M = 128 and 1.07-1.08× at M = 1024 (benchmarks/results/h200_2026-12-01_s8/bench).
+reference undoes it) / ``0`` (keep the checkpoint order). The kernels load each 16-byte block
+straight into the registers the MMA reads and decode it with fewer instructions, which is
+why the glue prepares the weights once at load time rather than per call (the measurements
+are in the dense kernel's design notes).
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
-"""Routed experts of DeepSeek-V4 NVFP4 checkpoints on ``torch.ops.nvfp4.moe``.
+"""Routed experts of DeepSeek-V4 checkpoints on ``torch.ops.nvfp4.moe``: NVFP4 (NVIDIA's
+ModelOpt exports) and MXFP4 (DeepSeek's own releases).
 
-:class:`ModelOptNvFp4OpsFusedMoE` is a vLLM fused-MoE quant method. It keeps every parameter
-of vLLM's ``ModelOptNvFp4FusedMoE`` (names, shapes, dtypes, loader attributes), so vLLM's own
-``RoutedExperts.weight_loader`` fills them from the checkpoint unchanged:
+Both methods keep vLLM's own parameters for the format (names, shapes, dtypes, loader
+attributes), so vLLM's ``RoutedExperts.weight_loader`` fills them from the checkpoint
+unchanged, and both call ``nvfp4::moe`` with vLLM's routing.
+
+**NVFP4** (:class:`ModelOptNvFp4OpsFusedMoE`, the parameters of vLLM's
+``ModelOptNvFp4FusedMoE``):
 
 =====================  =================  ================  ===============================
 parameter              dtype              shape             after process_weights_after_...
@@ -18,16 +22,43 @@ parameter              dtype              shape             after process_weight
 =====================  =================  ================  ===============================
 
 The checkpoint layout *is* a layout ``nvfp4::moe`` takes, so post-load processing validates
-and frees, and no repacked copy is ever made (no doubled weight memory). [*] On CUDA, where the
-MoE kernels read it (``moe_cuda.wperm_supported``: V4-Flash and V4-Pro sizes), the codes of
-``w13_weight`` / ``w2_weight`` are then permuted **in place** into the ``wperm`` bit order
-(``nvfp4::to_wperm_``, :mod:`nvfp4_ops.kernels.wperm`: same bytes per u32 word, bits moved,
-decoded with fewer instructions) and the op is called with ``wperm=True``. The environment
-variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1`` (also on CPU, where the reference
-undoes it per call) / ``0`` (keep the checkpoint order) overrides the choice.
+and frees, and no repacked copy is ever made (no doubled weight memory).
 
-The class name contains ``ModelOpt`` on purpose: vLLM 0.33's ``RoutedExperts.weight_loader``
-routes per-tensor ``weight_scale_2``/``input_scale`` loading by that substring.
+**MXFP4** (:class:`Mxfp4OpsFusedMoE`, the parameters of vLLM's ``Mxfp4MoEMethod``: e2m1 codes
+and one UE8M0 scale byte per 32 k, no global scale):
+
+=====================  =================  ================  ===============================
+parameter              dtype              shape             after process_weights_after_...
+=====================  =================  ================  ===============================
+``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows [*]
+``w13_weight_scale``   ``uint8`` (e8m0)   ``[E, 2I, H/32]`` -> ``float8_e4m3fn [E, 2I, H/16]``
+(new)                                                       ``w13_weight_global f32 [E, 2I]``
+``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept [*]
+``w2_weight_scale``    ``uint8`` (e8m0)   ``[E, H, I/32]``  -> ``float8_e4m3fn [E, H, I/16]``
+(new)                                                       ``w2_weight_global f32 [E, H]``
+=====================  =================  ================  ===============================
+
+MXFP4 codes are NVFP4 codes, so they stay where the loader put them; the scales are converted
+**exactly** by ``nvfp4::mxfp4_to_nvfp4`` (one power-of-two global scale per weight row, e4m3
+power-of-two block scales per 16; the dequantized weights are bitwise the MXFP4 ones) and the
+e8m0 tensors are freed. A row whose non-zero blocks span more than 18 binades cannot be held
+this way and stops loading with an error naming the layer, the tensor, the row and the block.
+The e8m0 scales start as 0xFF (the UE8M0 NaN code), so a scale the checkpoint never provided
+fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
+``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
+
+[*] On CUDA, where the MoE kernels read it (``dispatch.moe_wperm_supported``: V4-Flash and V4-Pro
+sizes), the codes of ``w13_weight`` / ``w2_weight`` are then permuted **in place** into the
+``wperm`` bit order (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.kernels.wperm`: same bytes per u32
+word, bits moved, decoded with fewer instructions) and the op is called with ``wperm=True``.
+The environment variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1`` (also on CPU,
+where the reference undoes it per call) / ``0`` (keep the checkpoint order) overrides the
+choice.
+
+The NVFP4 class name contains ``ModelOpt`` on purpose: vLLM 0.33's
+``RoutedExperts.weight_loader`` routes per-tensor ``weight_scale_2``/``input_scale`` loading by
+that substring. The MXFP4 class name must not contain it: its scales load through the loader's
+block-scale branch (``quant_method = "block"`` on the parameter, as vLLM's MXFP4 method sets).
 
 Routing stays vLLM's. vLLM's router already multiplies ``topk_weights`` by
 ``routed_scaling_factor`` (``FusedMoEFactory`` hands the factor to the router unless
@@ -42,11 +73,14 @@ import os
 import torch
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
+from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 
 import nvfp4_ops  # (importing it registers torch.ops.nvfp4.*)
+from nvfp4_ops.format import UE8M0_NAN
 
-__all__ = ["ModelOptNvFp4OpsFusedMoE", "NVFP4ScaleError"]
+__all__ = ["ModelOptNvFp4OpsFusedMoE", "Mxfp4OpsFusedMoE", "NVFP4ScaleError"]
 
 logger = init_logger(__name__)
 
@@ -79,33 +113,30 @@ def check_block_scales(where: str, name: str, scale: torch.Tensor) -> None:
         )
 
 
-class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
-    """vLLM fused-MoE method: NVFP4 (ModelOpt layout) routed experts via ``nvfp4::moe``.
+def _check_supported(moe_config, what: str) -> None:
+    """``nvfp4::moe`` computes ``down(silu(min(gate, L)) * clamp(up, -L, L))`` without biases."""
+    if not moe_config.is_act_and_mul or moe_config.activation != MoEActivation.SILU:
+        raise NotImplementedError(
+            f"nvfp4_ops MoE ({what}): only gated SiLU (SwiGLU) experts are supported, got "
+            f"activation {moe_config.activation}")
+    if moe_config.has_bias:
+        raise NotImplementedError(f"nvfp4_ops MoE ({what}): experts with biases are not "
+                                  "supported")
 
-    Weight-only (W4A16): activations stay bf16; ``input_scale`` tensors are loaded (the
-    checkpoint has them) and then freed.
+
+class _OpsFusedMoE:
+    """What both methods share: vLLM's fused-MoE interface around ``nvfp4::moe``.
+
+    A mixin placed before vLLM's method class in the bases. A subclass says where its global
+    scales live (:meth:`_global_scales`) and calls :meth:`_prepare_codes` and
+    :meth:`_setup_expert_range` at the end of its ``process_weights_after_loading``.
     """
 
-    def __init__(self, quant_config, moe_config) -> None:
-        # vLLM's __init__ selects a CUDA NVFP4 backend (and fails where none fits); ours has
-        # no backend to choose, so only the base-class state and the attributes the
-        # inherited create_weights / weight loader read are set here.
-        FusedMoEMethodBase.__init__(self, moe_config)
-        self.quant_config = quant_config
-        self.use_a16 = True
-        self.per_token_activation = False
-        self.use_global_sf = False  # input scales are per local expert
-        self.nvfp4_backend = None
-        self.experts_cls = None
+    def _init_ops_state(self) -> None:
         self.expert_start = 0
         self.global_to_local: torch.Tensor | None = None
         #: the layer's w13 / w2 codes are in the ``wperm`` bit order (module docstring)
         self.wperm = False
-        if not moe_config.is_act_and_mul:
-            raise NotImplementedError(
-                "nvfp4_ops MoE: only gated (SwiGLU) experts are supported, got activation "
-                f"{moe_config.activation}"
-            )
 
     # --- what vLLM asks of a fused-MoE method -------------------------------------------
 
@@ -124,36 +155,27 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
     def get_fused_moe_quant_config(self, layer) -> None:
         return None  # no modular kernel behind this method
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
-                       params_dtype, **extra_weight_attrs):
-        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
-                               params_dtype, **extra_weight_attrs)
-        # NaN until loaded, so a scale the checkpoint lacks fails validation loudly instead
-        # of running with torch.empty garbage. (Dummy loading overwrites these as usual.)
-        layer.w13_weight_scale_2.data.fill_(float("nan"))
-        layer.w2_weight_scale_2.data.fill_(float("nan"))
+    # --- shared post-load steps -----------------------------------------------------------
 
-    def process_weights_after_loading(self, layer) -> None:
-        where = f"nvfp4_ops MoE {getattr(layer, 'layer_name', '')}".rstrip()
-        check_global_scales(where, "w13_weight_scale_2 (gate, up)", layer.w13_weight_scale_2)
-        check_global_scales(where, "w2_weight_scale_2", layer.w2_weight_scale_2)
-        check_block_scales(where, "w13_weight_scale", layer.w13_weight_scale)
-        check_block_scales(where, "w2_weight_scale", layer.w2_weight_scale)
-        for name in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight",
-                     "w2_weight_scale", "w2_weight_scale_2"):
+    @staticmethod
+    def _where(layer, fmt: str) -> str:
+        return f"nvfp4_ops {fmt} MoE {getattr(layer, 'layer_name', '')}".rstrip()
+
+    def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _prepare_codes(self, layer) -> None:
+        """The codes as the kernels read them: contiguous, and on CUDA (where supported)
+        permuted in place into the ``wperm`` bit order."""
+        for name in ("w13_weight", "w2_weight"):
             p = getattr(layer, name)
             if not p.data.is_contiguous():
                 p.data = p.data.contiguous()
-        # W4A16: the activation scales are never used; drop them (and their memory).
-        for name in ("w13_input_scale", "w2_input_scale"):
-            if hasattr(layer, name):
-                delattr(layer, name)
         if self._wperm_wanted(layer):
             # in place, once per load (this method runs once after every weight load)
             nvfp4_ops.to_wperm_(layer.w13_weight.data)
             nvfp4_ops.to_wperm_(layer.w2_weight.data)
             self.wperm = True
-        self._setup_expert_range(layer)
 
     @staticmethod
     def _wperm_wanted(layer) -> bool:
@@ -166,7 +188,7 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
             return mode == "1"
         if not layer.w13_weight.is_cuda:
             return False
-        from nvfp4_ops.kernels.moe_cuda import wperm_supported
+        from nvfp4_ops.kernels.dispatch import moe_wperm_supported as wperm_supported
 
         return wperm_supported(layer.w2_weight.shape[1], layer.w13_weight.shape[1] // 2)
 
@@ -204,16 +226,17 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
         ids, start, num_global = topk_ids, self.expert_start, layer.global_num_experts
         if self.global_to_local is not None:
             ids, start, num_global = self.global_to_local[topk_ids.long()], 0, -1
+        w13_global, w2_global = self._global_scales(layer)
         return torch.ops.nvfp4.moe(
             x,
             ids,
             topk_weights.float(),
             layer.w13_weight,
             layer.w13_weight_scale,
-            layer.w13_weight_scale_2,
+            w13_global,
             layer.w2_weight,
             layer.w2_weight_scale,
-            layer.w2_weight_scale_2,
+            w2_global,
             start,
             num_global,
             None if layer.swiglu_limit is None else float(layer.swiglu_limit),
@@ -223,3 +246,117 @@ class ModelOptNvFp4OpsFusedMoE(ModelOptNvFp4FusedMoE):
 
     def apply_monolithic(self, layer, x, router_logits, input_ids=None):
         raise NotImplementedError("nvfp4_ops MoE is not monolithic")
+
+
+class ModelOptNvFp4OpsFusedMoE(_OpsFusedMoE, ModelOptNvFp4FusedMoE):
+    """vLLM fused-MoE method: NVFP4 (ModelOpt layout) routed experts via ``nvfp4::moe``.
+
+    Weight-only (W4A16): activations stay bf16; ``input_scale`` tensors are loaded (the
+    checkpoint has them) and then freed.
+    """
+
+    def __init__(self, quant_config, moe_config) -> None:
+        # vLLM's __init__ selects a CUDA NVFP4 backend (and fails where none fits); ours has
+        # no backend to choose, so only the base-class state and the attributes the
+        # inherited create_weights / weight loader read are set here.
+        FusedMoEMethodBase.__init__(self, moe_config)
+        self.quant_config = quant_config
+        self.use_a16 = True
+        self.per_token_activation = False
+        self.use_global_sf = False  # input scales are per local expert
+        self.nvfp4_backend = None
+        self.experts_cls = None
+        self._init_ops_state()
+        _check_supported(moe_config, "NVFP4")
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
+                       params_dtype, **extra_weight_attrs):
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
+                               params_dtype, **extra_weight_attrs)
+        # NaN until loaded, so a scale the checkpoint lacks fails validation loudly instead
+        # of running with torch.empty garbage. (Dummy loading overwrites these as usual.)
+        layer.w13_weight_scale_2.data.fill_(float("nan"))
+        layer.w2_weight_scale_2.data.fill_(float("nan"))
+
+    def process_weights_after_loading(self, layer) -> None:
+        where = self._where(layer, "NVFP4")
+        check_global_scales(where, "w13_weight_scale_2 (gate, up)", layer.w13_weight_scale_2)
+        check_global_scales(where, "w2_weight_scale_2", layer.w2_weight_scale_2)
+        check_block_scales(where, "w13_weight_scale", layer.w13_weight_scale)
+        check_block_scales(where, "w2_weight_scale", layer.w2_weight_scale)
+        for name in ("w13_weight_scale", "w13_weight_scale_2", "w2_weight_scale",
+                     "w2_weight_scale_2"):
+            p = getattr(layer, name)
+            if not p.data.is_contiguous():
+                p.data = p.data.contiguous()
+        # W4A16: the activation scales are never used; drop them (and their memory).
+        for name in ("w13_input_scale", "w2_input_scale"):
+            if hasattr(layer, name):
+                delattr(layer, name)
+        self._prepare_codes(layer)
+        self._setup_expert_range(layer)
+
+    def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer.w13_weight_scale_2, layer.w2_weight_scale_2
+
+
+class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
+    """vLLM fused-MoE method: MXFP4 routed experts (DeepSeek's releases) via ``nvfp4::moe``,
+    after an exact load-time conversion of their scales to NVFP4 (module docstring).
+
+    Weight-only (W4A16): activations stay bf16 (vLLM's own MXFP4 method on Hopper is also
+    weight-only).
+    """
+
+    def __init__(self, moe_config) -> None:
+        # Not a subclass of vLLM's Mxfp4MoEMethod: its __init__ and most of its methods serve
+        # the backend it selects. Only its create_weights is reused (below), which is what
+        # makes the checkpoint load into the parameters vLLM's loader expects.
+        FusedMoEMethodBase.__init__(self, moe_config)
+        self._init_ops_state()
+        _check_supported(moe_config, "MXFP4")
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
+                       params_dtype, **extra_weight_attrs):
+        """vLLM's MXFP4 parameters, exactly as ``Mxfp4MoEMethod.create_weights`` makes them:
+        ``w13_weight`` / ``w2_weight`` uint8 codes and ``w13_weight_scale`` /
+        ``w2_weight_scale`` uint8 UE8M0 bytes (``quant_method = "block"``, loaded through
+        vLLM's e8m0 -> uint8 scale loader). The scales start as 0xFF (NaN): one the checkpoint
+        does not provide then fails the conversion instead of reading as 2^-127."""
+        Mxfp4MoEMethod.create_weights(self, layer, num_experts, hidden_size,
+                                      intermediate_size_per_partition, params_dtype,
+                                      **extra_weight_attrs)
+        layer.w13_weight_scale.data.fill_(UE8M0_NAN)
+        layer.w2_weight_scale.data.fill_(UE8M0_NAN)
+
+    def process_weights_after_loading(self, layer) -> None:
+        """Convert the e8m0 scales to NVFP4 block scales plus per-row global scales (exact; the
+        e8m0 tensors are freed), then prepare the codes as the NVFP4 method does.
+
+        Raises:
+            nvfp4_ops.NVFP4InputError: a NaN (or never loaded) scale, or a weight row whose
+                non-zero blocks span more than 18 binades; the message names the layer, the
+                parameter, the row (local expert, row) and the block.
+        """
+        where = self._where(layer, "MXFP4")
+        inter = layer.w13_weight.shape[1] // 2
+        rows = {"w13": f"[E, 2I, H/32]: rows 0..{inter - 1} = w1, {inter}.. = w3",
+                "w2": "[E, H, I/32]"}
+        for stem in ("w13", "w2"):
+            codes = getattr(layer, f"{stem}_weight")
+            if not codes.data.is_contiguous():
+                codes.data = codes.data.contiguous()
+            name = f"{where}: {stem}_weight_scale {rows[stem]}"
+            block, global_scale = nvfp4_ops.mxfp4_to_nvfp4(
+                codes.data, getattr(layer, f"{stem}_weight_scale").data, name=name)
+            # Replacing the parameter drops the last reference to the e8m0 bytes.
+            delattr(layer, f"{stem}_weight_scale")
+            layer.register_parameter(f"{stem}_weight_scale",
+                                     torch.nn.Parameter(block, requires_grad=False))
+            layer.register_parameter(f"{stem}_weight_global",
+                                     torch.nn.Parameter(global_scale, requires_grad=False))
+        self._prepare_codes(layer)
+        self._setup_expert_range(layer)
+
+    def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer.w13_weight_global, layer.w2_weight_global

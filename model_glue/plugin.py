@@ -15,7 +15,9 @@ Installing means, through vLLM's public extension points only:
 * ``ModelRegistry.register_model("DeepseekV4ForCausalLM", ...)`` with vLLM's model plus the
   HF-name mapping (:mod:`model_glue.models`), registered lazily by name.
 
-It is idempotent, initialises no CUDA, and logs one line saying what it took over.
+It is idempotent, initialises no CUDA, and logs one line saying what it took over (including
+whether MXFP4 routed experts are taken: ``NVFP4_OPS_MXFP4``, default on, see
+:mod:`model_glue.configs`).
 """
 
 from __future__ import annotations
@@ -68,8 +70,14 @@ def _install() -> list[str]:
     register_quantization_config("modelopt_fp4")(Nvfp4OpsModelOptConfig)
     ModelRegistry.register_model("DeepseekV4ForCausalLM",
                                  "model_glue.models:DeepseekV4ForCausalLM")
+    from model_glue.configs import MXFP4_SWITCH, mxfp4_enabled
+
+    mxfp4 = (f"MXFP4 ones (expert_dtype fp4 without an NVFP4 moe_quant_algo: DeepSeek's own "
+             f"releases) -> exact NVFP4 scales + nvfp4::moe ({MXFP4_SWITCH}=0 keeps vLLM's)"
+             if mxfp4_enabled() else f"MXFP4 ones stay vLLM's ({MXFP4_SWITCH}=0)")
     return [
-        "deepseek_v4_fp8 (fp8 + moe_quant_algo NVFP4) routed experts -> nvfp4::moe",
+        "deepseek_v4_fp8 routed experts: NVFP4 ones (moe_quant_algo NVFP4) -> nvfp4::moe; "
+        + mxfp4,
         "modelopt_fp4 (NVFP4 / W4A16_NVFP4) DeepSeek-V4 routed experts -> nvfp4::moe, "
         "linear layers -> nvfp4::linear",
         "DeepseekV4ForCausalLM also loads HF-format (ModelOpt HF export) weight names",

@@ -1,21 +1,34 @@
 """nvfp4-ops: NVFP4 weight-only (W4A16) ops for DeepSeek-V4 on Hopper GPUs.
 
 Importing this package registers every ``torch.ops.nvfp4.*`` op (quantize, dequantize,
-linear, mlp, moe, to_wperm_, to_wfrag_) with its fake and its pure-torch CPU reference. It
-initialises no CUDA and imports no GPU kernel code; CUDA kernels are loaded on first use.
+linear, mlp, moe, mxfp4_to_nvfp4, to_wperm_, to_wfrag_) with its fake and its pure-torch
+CPU reference. It initialises no CUDA and imports no GPU kernel code; CUDA kernels are
+loaded on first use.
 """
 
 from __future__ import annotations
 
 from nvfp4_ops import format
-from nvfp4_ops._compile import warmup
 from nvfp4_ops._validate import NVFP4InputError, set_value_checks
-from nvfp4_ops.ops import dequantize, linear, mlp, moe, quantize, to_wfrag_, to_wperm_
+from nvfp4_ops._warmup import LinearLayer, MLPLayer, MoELayer, warmup
+from nvfp4_ops.ops import (
+    dequantize,
+    linear,
+    mlp,
+    moe,
+    mxfp4_to_nvfp4,
+    quantize,
+    to_wfrag_,
+    to_wperm_,
+)
 from nvfp4_ops.shapes import SHAPES, MoEShape, get_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LinearLayer",
+    "MLPLayer",
+    "MoELayer",
     "NVFP4InputError",
     "MoEShape",
     "SHAPES",
@@ -25,6 +38,7 @@ __all__ = [
     "linear",
     "mlp",
     "moe",
+    "mxfp4_to_nvfp4",
     "quantize",
     "set_value_checks",
     "to_wfrag_",

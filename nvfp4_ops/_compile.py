@@ -1,4 +1,4 @@
-"""Compile keys, the in-memory + on-disk cache of CuTeDSL binaries, warmup and the guard.
+"""Compile keys, the in-memory + on-disk cache of CuTeDSL binaries, and the no-compile guard.
 
 A *key* is a frozen dataclass holding only what changes the generated code (dtypes, tile
 config, static N/K, epilogue, arch; e.g. :class:`nvfp4_ops.kernels.cute.w4a16_gemm.GemmConfig`)
@@ -17,11 +17,12 @@ Environment:
 
 * ``NVFP4_OPS_CACHE_DIR``: cache root (default ``~/.cache/nvfp4_ops``).
 * ``NVFP4_OPS_DISK_CACHE=0``: no disk cache (memory only).
-* ``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP=1``: after :func:`warmup`, any compile raises
+* ``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP=1``: after :func:`nvfp4_ops.warmup`, any compile raises
   :class:`CompileAfterWarmupError` (also :func:`set_no_compile_after_warmup`). Loading from the
   disk cache is not a compile and stays allowed.
 
-Nothing here imports cutlass at module import; CuTeDSL is imported inside functions only.
+This module imports nothing else of the package (warm-up, which needs the dispatch, lives in
+:mod:`nvfp4_ops.warmup`); cutlass is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,10 @@ __all__ = [
     "no_compile",
     "set_no_compile_after_warmup",
     "target_arch",
-    "warmup",
 ]
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCH = "sm_90a"
-#: SM count of an H100/H200 SXM: a compile-time constant so no driver query is needed.
-NUM_SMS = 132
 
 
 class CompileAfterWarmupError(RuntimeError):
@@ -249,7 +247,8 @@ def _build(key: Hashable, build: Callable[[], Any]) -> Any:
     if _state["forbid"] or (_state["warm"] and _guard_on()):
         raise CompileAfterWarmupError(
             f"nvfp4_ops: kernel {getattr(key, 'name', key)!r} needs a compile after warmup; "
-            "add its shape to warmup(...) (or unset NVFP4_OPS_NO_COMPILE_AFTER_WARMUP)"
+            "add its layer or shape to nvfp4_ops.warmup(...) (or unset "
+            "NVFP4_OPS_NO_COMPILE_AFTER_WARMUP)"
         )
     ensure_cutlass_env()
     _state["compiles"] += 1
@@ -257,52 +256,5 @@ def _build(key: Hashable, build: Callable[[], Any]) -> Any:
 
 
 def mark_warm(warm: bool = True) -> None:
-    """Record that warmup finished (the guard only bites after this)."""
+    """Record that warm-up finished (the guard only bites after this)."""
     _state["warm"] = warm
-
-
-def warmup(
-    shapes: Iterable[str] = ("v4-flash",),
-    *,
-    run: bool | None = None,
-    include_moe: bool = True,
-    progress: Callable[[str], None] | None = None,
-) -> list[str]:
-    """Compile (or load) every kernel variant the named model shapes can reach, run each once.
-
-    Args:
-        shapes: names from :data:`nvfp4_ops.SHAPES` (``"v4-flash"``, ``"v4-pro"``, ``"tiny"``).
-        run: run each variant once on the current CUDA device (default: when CUDA is there).
-        include_moe: also the grouped-GEMM variants the fused MoE uses.
-        progress: called with one line per variant.
-
-    Returns:
-        The names of the variants warmed. Afterwards the guard (if on) forbids compiles.
-    """
-    import torch
-
-    from nvfp4_ops.kernels import linear_cuda
-
-    if run is None:
-        run = torch.cuda.is_available()
-    names = []
-    variants = linear_cuda.variants_for_shapes(shapes, include_moe=include_moe)
-    for i, cfg in enumerate(variants):
-        linear_cuda.compiled_gemm(cfg)
-        if run:
-            linear_cuda.run_once(cfg)
-        names.append(cfg.name)
-        if progress is not None:
-            progress(f"[{i + 1}/{len(variants)}] {cfg.name}{' (ran)' if run else ''}")
-    if run and include_moe:
-        # the MoE's Triton routing/gather/combine kernels (nvfp4_ops.kernels.moe_cuda)
-        from nvfp4_ops.kernels import moe_cuda
-        from nvfp4_ops.shapes import get_shape
-
-        for shape in dict.fromkeys(shapes):
-            s = get_shape(shape)
-            names += moe_cuda.warmup_triton(s.hidden, s.top_k)
-    if run:
-        torch.cuda.synchronize()
-    mark_warm(True)
-    return names

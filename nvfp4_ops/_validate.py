@@ -184,12 +184,21 @@ def _check_gated_weights(
     inter = w13.shape[-2] // 2
     expect_shape(op, "w13", w13, (*lead, 2 * inter, hidden // 2), f"{sym}2I, H/2]")
     expect_shape(op, "w13_scale", w13_scale, (*lead, 2 * inter, hidden // 16), f"{sym}2I, H/16]")
-    expect_shape(op, "w13_global", w13_global, (*lead, 2), f"{sym}2] (gate, up)")
+    # global scales: one per half / tensor, or one per row (exact MXFP4 conversions)
+    if w13_global.dim() == len(lead) + 1 and w13_global.shape[-1] == 2 * inter != 2:
+        expect_shape(op, "w13_global", w13_global, (*lead, 2 * inter), f"{sym}2I] (per row)")
+    else:
+        expect_shape(op, "w13_global", w13_global, (*lead, 2),
+                     f"{sym}2] (gate, up) or {sym}2I] (per row)")
     expect_k_aligned(op, "w13", 2 * inter, "2I (w13.shape[-2])")
     expect_k_aligned(op, "w2", inter, "I (w13.shape[-2] // 2)")
     expect_shape(op, "w2", w2, (*lead, hidden, inter // 2), f"{sym}H, I/2]")
     expect_shape(op, "w2_scale", w2_scale, (*lead, hidden, inter // 16), f"{sym}H, I/16]")
-    expect_shape(op, "w2_global", w2_global, lead, "[E]" if lead else "[]")
+    if w2_global.dim() == len(lead) + 1:
+        expect_shape(op, "w2_global", w2_global, (*lead, hidden), f"{sym}H] (per row)")
+    else:
+        expect_shape(op, "w2_global", w2_global, lead,
+                     "[E] or [E, H] (per row)" if lead else "[] or [H] (per row)")
     return inter
 
 

@@ -1,4 +1,4 @@
-"""The NVFP4 weight format (NVIDIA ModelOpt), in pure torch, exact, on any device.
+"""The NVFP4 weight format (NVIDIA ModelOpt) and MXFP4 (OCP MX): pure torch, exact, any device.
 
 Layout of one quantized matrix ``W[N, K]`` (``N`` output features, ``K`` the reduction dim):
 
@@ -25,7 +25,10 @@ reduction. :func:`dequantize` returns the full product in fp32, rounded once.
 **Quantization (the ModelOpt recipe, with every edge case pinned down):**
 
 1. ``global = amax / (6 * 448)`` in fp32. An all-zero tensor (amax 0) gets ``global = 1``:
-   the codes and scales are then all zero and any positive global scale is valid.
+   the codes and scales are then all zero and any positive global scale is valid. A non-zero
+   tensor whose global scale would fall below fp32's normal range (``amax < 6 * 448 * 2^-126``,
+   about 3.2e-35) is refused: such a global scale loses bits, underflows to 0 for
+   ``amax`` below about 3.8e-42, and kernels that flush subnormals to zero would zero the layer.
 2. Per block of 16: ``block_scale = e4m3(min(block_amax / (6 * global), 448))``, cast with
    round-to-nearest-even. It may round to an e4m3 subnormal or to zero.
 3. Per value: ``q = rne_e2m1(x / (f32(block_scale) * global))``, saturating at +-6, ties to
@@ -33,9 +36,53 @@ reduction. :func:`dequantize` returns the full product in fp32, rounded once.
    block whose scale is zero (all-zero block, or one whose scale underflowed e4m3) stores all
    codes 0, so it dequantizes to exact zeros instead of dividing by zero.
 4. NaN or Inf anywhere in the input raises :class:`ValueError`.
+
+MXFP4 (OCP Microscaling, the routed experts of DeepSeek's own DeepSeek-V4 checkpoints)
+-------------------------------------------------------------------------------------
+
+======================  =================  ==============  ===================================
+tensor                  dtype              shape           meaning
+======================  =================  ==============  ===================================
+``packed``              ``uint8``          ``[N, K/2]``    two e2m1 codes per byte (as NVFP4)
+``scale``               ``uint8``          ``[N, K/32]``   UE8M0: one power of two per 32 k
+======================  =================  ==============  ===================================
+
+The codes and their byte order are NVFP4's (low nibble = even ``k``). Each run of 32
+consecutive ``k`` has one UE8M0 scale byte ``b`` with value ``2^(b - 127)``: ``0x00`` is
+``2^-127``, ``0x7F`` is 1, ``0xFE`` is ``2^127`` and ``0xFF`` is NaN (refused). There is no
+global scale: ``w[n, k] = e2m1[n, k] * 2^(scale[n, k // 32] - 127)``, exact in fp32 except where
+it overflows (only for ``b = 0xFE`` and ``|e2m1| >= 2``). Scales may also come as
+``torch.float8_e8m0fnu`` (the same byte, the dtype of the checkpoint files).
+
+Checkpoint layout, as DeepSeek's reference inference code and vLLM 0.33 read it: the release
+stores each routed expert's ``layers.L.ffn.experts.E.{w1,w2,w3}.weight`` as ``int8 [N, K/2]``
+and its ``...scale`` as ``float8_e8m0fnu [N, K/32]``, row-major, ``N`` output features, ``K``
+the reduction dim. DeepSeek's ``inference/model.py`` declares the FP4 ``Linear`` with a
+``float4_e2m1fn_x2 [out, in/2]`` weight and a ``float8_e8m0fnu [out, in/32]`` scale ("one scale
+per 32 fp4 elements along K"); its ``inference/convert.py`` reinterprets the int8 bytes as
+``float4_e2m1fn_x2``, and its lossless FP4 -> FP8 cast (``cast_e2m1fn_to_e4m3fn``) unpacks
+the low nibble as the even element. vLLM's ``Mxfp4MoEMethod.create_weights``
+(``quantization/mxfp4.py``) holds them as ``uint8 [E, 2I, H/2]`` / ``[E, H, I/2]`` codes and
+``uint8 [E, 2I, H/32]`` / ``[E, H, I/32]`` scale bytes (its scale loader views e8m0 as
+uint8), and its MXFP4 quantizer (``utils/mxfp4_utils.py``) packs ``evens | odds << 4``.
+
+:func:`mxfp4_quantize` follows the OCP MX v1.0 recipe: per block of 32, the shared exponent is
+``floor(log2(amax)) - 2`` (2 = the largest e2m1 exponent), clamped to ``[-127, 127]``; each
+element is ``x / 2^shared`` rounded to nearest-even e2m1 and saturated at +-6 (the rounding of
+:func:`float_to_e2m1`); an all-zero block gets scale byte 0 and zero codes; NaN/Inf raise.
+
+:func:`mxfp4_to_nvfp4` converts the scales to NVFP4 **exactly** (the codes are unchanged):
+per row, ``global = 2^max(e_max - 8, -126)`` and each block's e4m3 scale is
+``2^(e - log2(global))``, written to both of its 16-blocks. A power of two ``2^j`` is exact in
+e4m3 for ``j`` in ``[-9, 8]``, so a row converts exactly iff every block whose codes are not
+all zero has ``e >= e_max - 17`` (18 binades per row; the clamp at -126, which keeps the
+global scales normal fp32 numbers, changes nothing here since ``e >= -127`` always). Blocks
+whose codes are all (+-)zero take scale 0; a row of only such blocks takes ``global = 1``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -54,11 +101,20 @@ __all__ = [
     "quantize",
     "global_scale_from_amax",
     "block_scales",
+    "MXFP4_BLOCK_SIZE",
+    "UE8M0_BIAS",
+    "UE8M0_NAN",
+    "as_ue8m0_bytes",
+    "ue8m0_to_float",
+    "mxfp4_dequantize",
+    "mxfp4_quantize",
+    "mxfp4_to_nvfp4",
 ]
 
 BLOCK_SIZE = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
+_F32_TINY = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal fp32
 
 #: Value of each of the 16 e2m1 codes, indexed by code.
 E2M1_VALUES: tuple[float, ...] = (
@@ -222,7 +278,9 @@ def quantize(
         float32 [])``.
 
     Raises:
-        ValueError: non-finite input, ``K % 16 != 0``, or a bad ``global_scale``.
+        ValueError: non-finite input, ``K % 16 != 0``, a bad ``global_scale``, or (without
+            ``global_scale``) a non-zero ``x`` with ``amax < 6 * 448 * 2^-126`` (about
+            3.2e-35), whose global scale would not be a normal fp32 number.
     """
     if not x.is_floating_point():
         raise TypeError(f"quantize: x must be a floating tensor [..., K], got {x.dtype}")
@@ -231,7 +289,14 @@ def quantize(
     if not bool(torch.isfinite(x).all()):
         raise ValueError("quantize: x contains NaN or Inf; NVFP4 cannot represent them")
     if global_scale is None:
-        global_scale = global_scale_from_amax(x.abs().amax() if x.numel() else x.new_zeros(()))
+        amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+        global_scale = global_scale_from_amax(amax)
+        if bool((amax > 0) & (global_scale < _F32_TINY)):
+            raise ValueError(
+                f"quantize: x is too small for NVFP4: amax {amax.item():.3e} gives the global "
+                f"scale amax / (6 * 448) = {global_scale.item():.3e}, below fp32's normal range "
+                f"({_F32_TINY:.3e}), where it loses precision or underflows to 0; x must be all "
+                f"zero or have amax >= {6 * 448 * _F32_TINY:.3e} (scale it up)")
     else:
         if global_scale.numel() != 1 or global_scale.dim() != 0:
             raise ValueError(
@@ -249,3 +314,247 @@ def quantize(
     codes = torch.where((divisor > 0).unsqueeze(-1), codes, torch.zeros_like(codes))
     packed = pack_e2m1(codes.reshape(x.shape))
     return packed, scale, global_scale.reshape(())
+
+
+# ---------------------------------------------------------------------------------- MXFP4
+
+MXFP4_BLOCK_SIZE = 32
+UE8M0_BIAS = 127
+UE8M0_NAN = 0xFF
+
+# e4m3 scales can hold 2^j exactly for j in [-9, 8]: normals 2^-6..2^8, subnormals 2^-9..2^-7.
+_E4M3_POW2_MIN, _E4M3_POW2_MAX = -9, 8
+_F32_MIN_NORMAL_EXP = -126
+# A block whose 16 code bytes, masked to the magnitude bits of both nibbles, are all zero holds
+# only +-0 (codes 0 and 8); its scale does not matter.
+_MAGNITUDE_BITS_U64 = 0x7777_7777_7777_7777
+# Rows per chunk of the conversion are sized to about this many 32-blocks, bounding its
+# temporaries (a few bytes per block) whatever the tensor size.
+_CONVERT_CHUNK_BLOCKS = 1 << 22
+
+
+def as_ue8m0_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """UE8M0 scales as their raw bytes: ``uint8`` is returned as is, ``float8_e8m0fnu`` is
+    reinterpreted (same memory), anything else raises :class:`TypeError`."""
+    if scale.dtype == torch.uint8:
+        return scale
+    if scale.dtype == torch.float8_e8m0fnu:
+        return scale.view(torch.uint8)
+    got = str(scale.dtype).removeprefix("torch.")
+    raise TypeError(f"UE8M0 scales must be uint8 or float8_e8m0fnu, got {got}")
+
+
+def _first_nan_scale(sbytes: torch.Tensor, where: str) -> None:
+    nan = sbytes == UE8M0_NAN
+    if bool(nan.any()):
+        pos = tuple(nan.nonzero()[0].tolist())
+        raise ValueError(
+            f"{where}: scale{list(pos)} is 0xFF, the UE8M0 NaN code ({int(nan.sum())} of "
+            f"{nan.numel()} scales are NaN); MXFP4 weights must have finite scales")
+
+
+def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """UE8M0 scale bytes -> their values ``2^(b - 127)`` as ``float32``, exactly.
+
+    Built from the fp32 bit pattern (``b << 23``; ``b = 0`` is the subnormal ``2^-127``), so the
+    result is exact on every device whatever ``exp2`` does with subnormals.
+
+    Args:
+        scale: ``uint8`` or ``float8_e8m0fnu``, any shape.
+
+    Returns:
+        ``float32``, same shape.
+
+    Raises:
+        TypeError: another dtype.
+        ValueError: a NaN code (0xFF); the message gives the first position and the count.
+    """
+    sbytes = as_ue8m0_bytes(scale)
+    _first_nan_scale(sbytes, "ue8m0_to_float")
+    bits = sbytes.to(torch.int32) << 23
+    bits = torch.where(sbytes == 0, torch.full_like(bits, 1 << 22), bits)  # 2^-127
+    return bits.view(torch.float32)
+
+
+def _check_mx_blocks(packed: torch.Tensor, scale: torch.Tensor, fn: str) -> None:
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"{fn}: packed must be uint8 [..., K/2], got dtype {packed.dtype}")
+    if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
+        raise TypeError(
+            f"{fn}: scale must be uint8 or float8_e8m0fnu [..., K/32], got dtype {scale.dtype}")
+    if packed.dim() == 0:
+        raise ValueError(f"{fn}: packed must be [..., K/2], got a scalar")
+    k = packed.shape[-1] * 2
+    want = (*packed.shape[:-1], k // MXFP4_BLOCK_SIZE)
+    if k % MXFP4_BLOCK_SIZE or tuple(scale.shape) != want:
+        raise ValueError(
+            f"{fn}: scale must have shape [..., K/32] = {want} for packed of shape "
+            f"{tuple(packed.shape)} (K = {k}, K % 32 == 0), got {tuple(scale.shape)}")
+    if packed.device != scale.device:
+        raise ValueError(
+            f"{fn}: packed is on {packed.device} but scale is on {scale.device}")
+
+
+def mxfp4_dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """MXFP4 -> ``float32``: ``e2m1 * 2^(scale - 127)`` (the codes unpacked as NVFP4's).
+
+    Args:
+        packed: ``uint8 [..., K/2]``, ``K % 32 == 0``.
+        scale: ``uint8`` or ``float8_e8m0fnu [..., K/32]``, same device.
+
+    Returns:
+        ``float32 [..., K]``, exact (a value overflows to +-inf only for scale 0xFE and
+        ``|e2m1| >= 2``, which fp32 cannot hold).
+
+    Raises:
+        TypeError / ValueError: dtypes, shapes or devices; a NaN scale (0xFF).
+    """
+    _check_mx_blocks(packed, scale, "mxfp4_dequantize")
+    values = e2m1_to_float(unpack_e2m1(packed))
+    return values * ue8m0_to_float(scale).repeat_interleave(MXFP4_BLOCK_SIZE, dim=-1)
+
+
+def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to MXFP4 by the OCP MX recipe (module docstring).
+
+    Args:
+        x: ``bfloat16``/``float16``/``float32 [..., K]``, ``K % 32 == 0``, finite.
+
+    Returns:
+        ``(packed uint8 [..., K/2], scale uint8 [..., K/32])`` (scale bytes, UE8M0).
+
+    Raises:
+        TypeError: ``x`` is not floating.
+        ValueError: ``K % 32 != 0`` or NaN/Inf in ``x``.
+    """
+    if not x.is_floating_point():
+        raise TypeError(f"mxfp4_quantize: x must be a floating tensor [..., K], got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] % MXFP4_BLOCK_SIZE:
+        raise ValueError(
+            f"mxfp4_quantize: x must be [..., K] with K % 32 == 0, got {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("mxfp4_quantize: x contains NaN or Inf; MXFP4 cannot represent them")
+    blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK_SIZE, MXFP4_BLOCK_SIZE)
+    amax = blocks.abs().amax(dim=-1)
+    # frexp: amax = m * 2^p with m in [0.5, 1), so floor(log2(amax)) = p - 1, exactly
+    # (also for subnormals); the largest e2m1 magnitude is 1.5 * 2^2, hence the "- 2".
+    _, p = torch.frexp(amax)
+    shared = (p.to(torch.int32) - 1 - 2).clamp(-UE8M0_BIAS, UE8M0_BIAS)
+    shared = torch.where(amax > 0, shared, torch.full_like(shared, -UE8M0_BIAS))
+    # x * 2^-shared is exact (a power-of-two rescale) unless it underflows, and then the
+    # value rounds to code 0 either way; 2^-shared is built from its bits, never by pow/exp2.
+    inverse = ue8m0_to_float((UE8M0_BIAS - shared).to(torch.uint8))
+    scaled = blocks * inverse.unsqueeze(-1)
+    codes = float_to_e2m1(scaled).reshape(x.shape)
+    return pack_e2m1(codes), (shared + UE8M0_BIAS).to(torch.uint8)
+
+
+def _e4m3_pow2_bytes(j: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes of ``2^j`` for integer ``j`` in ``[-9, 8]``: normals are exponent field
+    ``j + 7`` with a zero mantissa, ``2^-7..2^-9`` are the subnormals ``m * 2^-9``."""
+    j = j.clamp(_E4M3_POW2_MIN, _E4M3_POW2_MAX).to(torch.int32)
+    normal = (j + 7) << 3
+    subnormal = torch.ones_like(j) << (j + 9).clamp(min=0)
+    return torch.where(j >= -6, normal, subnormal).to(torch.uint8)
+
+
+def _nonzero_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``codes uint8 [R, K/2]`` -> bool ``[R, K/32]``: the 32-block has a non-zero value."""
+    rows = codes.shape[0]
+    try:  # 8 bytes per op; needs an 8-byte-aligned storage offset
+        words = codes.view(torch.int64).view(rows, num_blocks, 2)
+        return (words & _MAGNITUDE_BITS_U64).ne(0).any(dim=-1)
+    except RuntimeError:
+        return (codes.view(rows, num_blocks, 16) & 0x77).ne(0).any(dim=-1)
+
+
+def mxfp4_to_nvfp4(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact NVFP4 scales of MXFP4 weights (the codes ``packed`` stay as they are).
+
+    For each row (the last dim is ``k``): ``global = 2^max(e_max - 8, -126)`` with ``e_max``
+    the largest block exponent among the row's blocks that hold a non-zero code, and block
+    scale ``2^(e - log2(global))`` (e4m3) for each 32-block, written to both of its 16-blocks;
+    blocks of only +-0 codes get scale 0, rows of only such blocks ``global = 1``. Then
+    ``dequantize(packed, block_scale, global)`` equals ``mxfp4_dequantize(packed, scale)``
+    bitwise.
+
+    **Representable inputs:** every scale finite (not 0xFF), and in every row every block that
+    holds a non-zero code has ``e >= e_max - 17``: the row's non-zero blocks span at most 18
+    binades. All-zero blocks are unconstrained.
+
+    Runs in chunks of rows (a few bytes of temporaries per 32-block, about ``2^22`` blocks per
+    chunk) on the inputs' device, and reads each chunk's verdict back (a host sync per
+    chunk), so it is a load-time step, not for CUDA-graph capture.
+
+    Args:
+        packed: ``uint8 [..., K/2]`` codes, ``K % 32 == 0`` (read to find all-zero blocks).
+        scale: ``uint8`` or ``float8_e8m0fnu [..., K/32]`` UE8M0 scales, same device.
+
+    Returns:
+        ``(block_scale float8_e4m3fn [..., K/16], global_scale float32 [...])``, contiguous.
+
+    Raises:
+        TypeError / ValueError: dtypes, shapes or devices; a NaN scale (position and count);
+            a row it cannot hold exactly (the row index, the block, the exponents seen).
+    """
+    _check_mx_blocks(packed, scale, "mxfp4_to_nvfp4")
+    lead = tuple(packed.shape[:-1])
+    num_blocks = scale.shape[-1]
+    rows = math.prod(lead)
+    codes = packed.reshape(rows, packed.shape[-1])
+    sbytes = as_ue8m0_bytes(scale).reshape(rows, num_blocks)
+    block_out = torch.zeros(rows, 2 * num_blocks, dtype=torch.uint8, device=packed.device)
+    global_bits = torch.full((rows,), UE8M0_BIAS << 23, dtype=torch.int32, device=packed.device)
+    if num_blocks == 0:  # K = 0: nothing to scale, every global scale is 1
+        rows = 0
+    step = max(1, _CONVERT_CHUNK_BLOCKS // max(num_blocks, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        s = sbytes[r0:r1]
+        nz = _nonzero_blocks(codes[r0:r1], num_blocks)
+        e = s.to(torch.int16) - UE8M0_BIAS
+        e_max = torch.where(nz, e, torch.full_like(e, -1000)).amax(dim=-1)
+        e_min = torch.where(nz, e, torch.full_like(e, 1000)).amin(dim=-1)
+        has = nz.any(dim=-1)
+        log2_global = torch.where(has, (e_max - 8).clamp(min=_F32_MIN_NORMAL_EXP),
+                                  torch.zeros_like(e_max))
+        bad = has & (e_min < log2_global + _E4M3_POW2_MIN)
+        nan = s == UE8M0_NAN
+        if bool(torch.stack([nan.any(), bad.any()]).any()):  # one host sync per chunk
+            if bool(nan.any()):
+                i, j = nan.nonzero()[0].tolist()
+                pos = (*_unravel(r0 + i, lead), j)
+                raise ValueError(
+                    f"mxfp4_to_nvfp4: scale{list(pos)} is 0xFF, the UE8M0 NaN code "
+                    f"({int(nan.sum())} NaN scales in rows {r0}..{r1 - 1} of {rows}); MXFP4 "
+                    "weights must have finite scales")
+            i = int(bad.nonzero()[0, 0])
+            row_e = e[i].tolist()
+            row_nz = nz[i].tolist()
+            lo = int(log2_global[i]) + _E4M3_POW2_MIN
+            j = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
+                     if z and x < lo)
+            j_max = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
+                         if z and x == int(e_max[i]))
+            raise ValueError(
+                f"mxfp4_to_nvfp4: row {list(_unravel(r0 + i, lead))} cannot be held exactly "
+                f"by NVFP4 with one fp32 global scale per row: block {j} (k {32 * j}.."
+                f"{32 * j + 31}) has scale exponent {row_e[j]} but block {j_max} has "
+                f"{int(e_max[i])}; power-of-two e4m3 block scales reach 18 binades, "
+                f"[{lo}, {lo + 17}] here, and this row's non-zero blocks span exponents "
+                f"{int(e_min[i])}..{int(e_max[i])} ({int(bad.sum())} such rows in rows "
+                f"{r0}..{r1 - 1} of {rows})")
+        block = torch.where(nz, _e4m3_pow2_bytes(e - log2_global.unsqueeze(-1)),
+                            torch.zeros_like(s))
+        block_out[r0:r1] = block.repeat_interleave(2, dim=-1)
+        global_bits[r0:r1] = (log2_global.to(torch.int32) + UE8M0_BIAS) << 23
+    return (block_out.view(torch.float8_e4m3fn).reshape(*lead, 2 * num_blocks),
+            global_bits.view(torch.float32).reshape(lead))
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(shape):
+        idx.append(flat % size)
+        flat //= size
+    return tuple(reversed(idx))

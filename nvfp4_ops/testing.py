@@ -6,7 +6,6 @@ Everything is generated on the target device from torch's global RNG (seed it wi
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,10 @@ from nvfp4_ops import format as fmt
 
 __all__ = [
     "QuantizedExperts",
+    "find_cuda_tool",
     "kernel_ptx",
     "moe_bf16_dequantized",
+    "planned_gemm",
     "random_experts",
     "random_nvfp4",
     "random_routing",
@@ -151,18 +152,75 @@ def moe_bf16_dequantized(
 
 
 def kernel_ptx(cfg, out_dir: str | Path) -> str:
-    """Compile a GEMM kernel config of any family for sm_90a (no GPU needed; the family is the
-    module that defines the config's class), keeping its PTX in the new folder ``out_dir``;
-    returns the PTX text (for tests that count instructions)."""
-    from nvfp4_ops import _compile
+    """Compile a GEMM kernel config of any family for sm_90a (no GPU needed), keeping its PTX
+    in the new folder ``out_dir``; returns the PTX text (for tests that count instructions,
+    and for proving that a change leaves the generated code alone)."""
+    from nvfp4_ops.kernels import linear_cuda
 
-    _compile.ensure_cutlass_env()
     out = Path(out_dir)
     out.mkdir(parents=True)
-    importlib.import_module(type(cfg).__module__).compile_gemm(
-        cfg, extra_options=f" --keep-ptx --dump-dir {out}")
+    linear_cuda.compile_function(cfg)(cfg, extra_options=f" --keep-ptx --dump-dir {out}")
     (ptx,) = list(out.glob("*.ptx"))
     return ptx.read_text()
+
+
+def find_cuda_tool(name: str) -> str:
+    """The path of a CUDA binary tool such as ``ptxas`` or ``nvdisasm``, for tests and dev
+    scripts that read a kernel's registers or SASS without a GPU.
+
+    Looked up, in order: the CUDA 13 ``nvidia-cuda-nvcc`` wheel's ``nvidia/cu13/bin`` (the
+    ``vllm`` extra brings it; its ``ptxas`` reads the PTX 9.x that cutlass-dsl 4.8 emits), then
+    triton's bundled ``backends/nvidia/bin`` (its ``nvdisasm`` is fine; its ``ptxas`` 12.9
+    rejects PTX 9.x), then ``PATH``.
+
+    Raises:
+        FileNotFoundError: ``name`` is in none of these places.
+    """
+    import importlib.util
+    import shutil
+
+    dirs: list[Path] = []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        dirs += [Path(p) / "cu13" / "bin" for p in spec.submodule_search_locations]
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        dirs.append(Path(spec.origin).parent / "backends" / "nvidia" / "bin")
+    for folder in dirs:
+        if (folder / name).is_file():
+            return str(folder / name)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"CUDA tool {name!r} not found in {[str(d) for d in dirs]} or on PATH "
+            "(install the vllm extra: pip install -e '.[vllm]')")
+    return found
+
+
+def planned_gemm(a: torch.Tensor, tile_expert: torch.Tensor | None, w: torch.Tensor,
+                 w_scale: torch.Tensor, w_global: torch.Tensor, out: torch.Tensor, *,
+                 epilogue: str = "none", block_m: int = 16, swiglu_limit: float | None = None,
+                 row_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 tile_rows: torch.Tensor | None = None, permuted: bool = False,
+                 chained: bool = False, order=None):
+    """Plan one W4A16 GEMM the way the ops do (:func:`nvfp4_ops.kernels.dispatch.plan_gemm`
+    with the launch's token-tile count) and run it (:func:`nvfp4_ops.kernels.linear_cuda.
+    run_gemm`); returns the plan. For GPU tests and tools that drive single GEMMs: ``a`` must
+    already be in the plan's ``act_order`` (``permuted``: the tile family's order)."""
+    from nvfp4_ops.kernels import dispatch, linear_cuda
+
+    n, k = w.shape[-2], a.shape[1]
+    m_tiles = -(-a.shape[0] // block_m)
+    m_tiles = (min(m_tiles, dispatch.PERSIST_MAX_TILES + 1) if tile_expert is not None
+               else min(m_tiles, dispatch.DENSE_MAX_M_TILES))
+    plan = dispatch.plan_gemm(n, k, block_m, epilogue=epilogue, has_bias=bias is not None,
+                              grouped=tile_expert is not None, m_tiles=m_tiles,
+                              permuted=permuted, chained=chained,
+                              order=order or dispatch.WeightOrder.CHECKPOINT)
+    linear_cuda.run_gemm(plan, a, w, w_scale, w_global, out, tile_expert=tile_expert,
+                         tile_rows=tile_rows, row_scale=row_scale, bias=bias,
+                         swiglu_limit=swiglu_limit)
+    return plan
 
 
 # --- Benchmark and multi-GPU helpers -------------------------------------------------------

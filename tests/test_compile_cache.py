@@ -14,11 +14,16 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 pytest.importorskip("cutlass")
 
-from nvfp4_ops import _compile  # noqa: E402
+import nvfp4_ops  # noqa: E402
+from nvfp4_ops import _compile, _warmup  # noqa: E402
 from nvfp4_ops.kernels import linear_cuda  # noqa: E402
 from nvfp4_ops.kernels.cute import w4a16_gemm  # noqa: E402
 
-CFG = w4a16_gemm.choose_config(256, 256, 8, "none")
+CFG = w4a16_gemm.GemmConfig(256, 256, block_m=8, warps_k=2, row_groups=2)
+
+
+def _tiny_configs():
+    return [p.config for p in _warmup.plans_for(_warmup.layers_for_shapes(["tiny"]))]
 
 
 @pytest.fixture(autouse=True)
@@ -36,39 +41,39 @@ def fresh_state(tmp_path, monkeypatch):
 
 def test_disk_round_trip_loads_without_compiling():
     n0 = _compile.compile_count()
-    fn = linear_cuda.compiled_gemm(CFG)
+    fn = linear_cuda.compiled(CFG)
     assert _compile.compile_count() == n0 + 1
     path = _compile.cache_dir() / f"{CFG.name}.o"
     assert path.exists() and path.stat().st_size > 1000
     assert not list(path.parent.glob("*.tmp.o")), "temporary file left behind"
-    assert linear_cuda.compiled_gemm(CFG) is fn  # memory hit
+    assert linear_cuda.compiled(CFG) is fn  # memory hit
     _compile.clear_memory_cache()
     with _compile.no_compile():  # a disk hit is a load, not a compile
-        loaded = linear_cuda.compiled_gemm(CFG)
+        loaded = linear_cuda.compiled(CFG)
     assert _compile.compile_count() == n0 + 1
     assert loaded is not fn and callable(loaded)
 
 
 def test_corrupt_file_is_rebuilt(capsys):
-    linear_cuda.compiled_gemm(CFG)
+    linear_cuda.compiled(CFG)
     path = _compile.cache_dir() / f"{CFG.name}.o"
     path.write_bytes(b"not an object file")
     _compile.clear_memory_cache()
     n0 = _compile.compile_count()
-    fn = linear_cuda.compiled_gemm(CFG)
+    fn = linear_cuda.compiled(CFG)
     assert callable(fn)
     assert _compile.compile_count() == n0 + 1
     assert "rebuilding" in capsys.readouterr().err
     assert path.stat().st_size > 1000
     _compile.clear_memory_cache()
     with _compile.no_compile():
-        linear_cuda.compiled_gemm(CFG)  # the rebuilt file loads
+        linear_cuda.compiled(CFG)  # the rebuilt file loads
 
 
 def test_disk_cache_can_be_disabled(monkeypatch, tmp_path):
     monkeypatch.setenv("NVFP4_OPS_DISK_CACHE", "0")
     assert _compile.cache_dir() is None
-    linear_cuda.compiled_gemm(CFG)
+    linear_cuda.compiled(CFG)
     assert not (tmp_path / "cache").exists()
 
 
@@ -96,28 +101,29 @@ def test_fingerprint_follows_package_sources(tmp_path):
 
 
 def test_guard_raises_on_compile_after_warmup():
-    linear_cuda.compiled_gemm(CFG)  # "warmed" variant
+    linear_cuda.compiled(CFG)  # "warmed" variant
     _compile.mark_warm(True)
     _compile.set_no_compile_after_warmup(True)
-    other = w4a16_gemm.choose_config(256, 256, 16, "none")
+    other = w4a16_gemm.GemmConfig(256, 256, block_m=16, warps_k=2, row_groups=2)
     with pytest.raises(_compile.CompileAfterWarmupError, match=other.name):
-        linear_cuda.compiled_gemm(other)
-    assert callable(linear_cuda.compiled_gemm(CFG))  # warmed variants still served
+        linear_cuda.compiled(other)
+    assert callable(linear_cuda.compiled(CFG))  # warmed variants still served
     _compile.set_no_compile_after_warmup(False)
-    assert callable(linear_cuda.compiled_gemm(other))
+    assert callable(linear_cuda.compiled(other))
 
 
 def test_guard_env_var_and_warmup_cpu(monkeypatch):
     monkeypatch.setenv("NVFP4_OPS_NO_COMPILE_AFTER_WARMUP", "1")
-    names = _compile.warmup(["tiny"], run=False)
+    names = nvfp4_ops.warmup(["tiny"], run=False)
     # 4 GEMM problems x 6 token tiles, plus the persistent decode gate/up (few token tiles),
     # plus the wfrag + wperm twins of the 2 dense (MLP) problems x 6 tiles
     assert len(names) == 25 + 12 and _compile.is_warm()
     _compile.clear_memory_cache()
-    for cfg in linear_cuda.variants_for_shapes(["tiny"]):
-        linear_cuda.compiled_gemm(cfg)  # all from disk: no error
+    for cfg in _tiny_configs():
+        linear_cuda.compiled(cfg)  # all from disk: no error
     with pytest.raises(_compile.CompileAfterWarmupError):
-        linear_cuda.compiled_gemm(w4a16_gemm.choose_config(512, 256, 8, "none"))
+        linear_cuda.compiled(w4a16_gemm.GemmConfig(512, 256, block_m=8, warps_k=2,
+                                                   row_groups=2))
 
 
 def test_package_import_does_not_import_cutlass():
@@ -138,7 +144,7 @@ def test_precompile_jobs_fills_the_disk_cache(tmp_path):
     first = subprocess.run(cmd + ["--jobs", "2"], env=env, capture_output=True, text=True,
                            timeout=900)
     assert first.returncode == 0, first.stderr[-2000:]
-    total = len(linear_cuda.variants_for_shapes(["tiny"]))
+    total = len(_tiny_configs())
     assert f"{total} compiled by 2 workers" in first.stdout
     ready = f"{total} CuTeDSL variants ready"
     assert f"{ready} ({total} compiled, 0 from the disk cache)" in first.stdout
@@ -161,5 +167,5 @@ def test_precompile_jobs_falls_back_to_one_process(monkeypatch, capsys):
     assert precompile.main(["--shape", "tiny", "--no-run", "--jobs", "2"]) == 0
     captured = capsys.readouterr()
     assert "compile workers failed (RuntimeError: no workers here)" in captured.err
-    total = len(linear_cuda.variants_for_shapes(["tiny"]))
+    total = len(_tiny_configs())
     assert f"{total} CuTeDSL variants ready" in captured.out

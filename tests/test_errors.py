@@ -109,7 +109,7 @@ MOE_CASES = {
     "w13 odd rows": (lambda a: {**a, "w13": a["w13"][:, :-1].contiguous()}, {},
                      r"w13 must be uint8 \[E, 2I, H/2\] \(gate rows then up rows\), got shape \(4, 63, 32\)"),
     "w13_global shape": (lambda a: {**a, "w13_global": a["w13_global"][:, 0].contiguous()}, {},
-                         r"w13_global must have shape \[E, 2\] \(gate, up\) = \(4, 2\), got \(4,\)"),
+                         r"w13_global must have shape \[E, 2\] \(gate, up\) or \[E, 2I\] \(per row\) = \(4, 2\), got \(4,\)"),
     "w2 shape": (lambda a: {**a, "w2": a["w2"].transpose(1, 2).contiguous()}, {},
                  r"w2 must have shape \[E, H, I/2\] = \(4, 64, 16\), got \(4, 16, 64\)"),
     "w2_scale experts": (lambda a: {**a, "w2_scale": a["w2_scale"][:3]}, {},
@@ -133,7 +133,7 @@ def test_moe_errors(moe_args, case):
 
 
 def test_mlp_errors(moe_args):
-    with pytest.raises(NVFP4InputError, match=r"w13_global must have shape \[2\] \(gate, up\)"):
+    with pytest.raises(NVFP4InputError, match=r"w13_global must have shape \[2\] \(gate, up\) or \[2I\] \(per row\)"):
         _mlp(moe_args, w13_global=torch.ones(1))
     with pytest.raises(NVFP4InputError, match=r"w2 must have shape \[H, I/2\] = \(64, 16\)"):
         _mlp(moe_args, w2=moe_args["w2"][1, :32])

@@ -4,7 +4,7 @@
 CPU checks: the view builders share the input's storage (same ``data_ptr``, stride 0 where a
 scale is broadcast) and hold the right value for every weight row once materialised; the
 linear / MLP / MoE glue hands the GEMM binary such views (the binary is replaced by a recorder,
-so nothing launches); ``grouped_w4a16_gemm`` rejects wrong ``w_global`` shapes with a clear
+so nothing launches); ``run_gemm`` rejects wrong ``w_global`` shapes with a clear
 message. The kernels reading these views on the GPU: ``tests/test_linear_gpu.py``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nvfp4_ops.kernels import linear_cuda
+from nvfp4_ops.kernels import dispatch, linear_cuda
 from nvfp4_ops.kernels.linear_cuda import (
     gate_up_global_view,
     per_group_global_view,
@@ -86,7 +86,7 @@ def test_per_channel_rows_are_a_view():  # linear's [N] global
 
 
 @pytest.mark.parametrize("halves", [1, 2])
-def test_per_row_table_any_strides_is_a_view(halves):  # grouped_w4a16_gemm's [G, N] form
+def test_per_row_table_any_strides_is_a_view(halves):  # run_gemm's [G, N] form
     groups, n = 3, 32
     table = _positive(n, groups).t()  # [G, N] with strides (1, G): not contiguous
     view = per_row_global_view(table, n, halves)
@@ -116,18 +116,18 @@ def test_builders_reject_wrong_forms():
 @pytest.fixture
 def recorded(monkeypatch):
     """Replace the compiled GEMM by a recorder of its arguments (no launch); the rest of the
-    torch-side path (dispatch, validation, ``_launch``) runs for real."""
-    pytest.importorskip("cutlass")  # choose_config imports the kernel modules
+    torch-side path (dispatch, validation, ``run_gemm``) runs for real."""
+    pytest.importorskip("cutlass")  # the dispatch imports the kernel modules
     calls = []
 
-    def fake_compiled_gemm(cfg):
+    def fake_compiled(cfg):
         def fn(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, limit):
             calls.append((cfg, w_global))
             out.zero_()
 
         return fn
 
-    monkeypatch.setattr(linear_cuda, "compiled_gemm", fake_compiled_gemm)
+    monkeypatch.setattr(linear_cuda, "compiled", fake_compiled)
     return calls
 
 
@@ -183,14 +183,15 @@ def test_moe_passes_views():
     g2 = _positive(experts).to(device)
     calls = []
 
-    def gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, **_):
-        calls.append((epilogue, w_global))
+    def gemm(plan, a, w, w_scale, w_global, out, **_):
+        calls.append((plan.config.epilogue, w_global))
         out.zero_()
 
     ids, weights = random_routing(tokens, experts, top_k, device=device)
     hidden_states = torch.randn(tokens, hidden, device=device).to(torch.bfloat16)
+    plan = dispatch.plan_moe(tokens, top_k, experts, hidden, inter, block_m=8)
     moe_forward(hidden_states, ids, weights, w13, s13, g13, w2, s2, g2, 0, None, 1.0,
-                gemm=gemm, block_m=8)
+                plan=plan, gemm=gemm, pdl=device == "cuda")
     (epi1, v13), (epi2, v2) = calls
     assert epi1 == "swiglu" and epi2 == "row_scale"
     assert v13.shape == (experts, 2, inter) and v13.stride()[2] == 0
@@ -200,7 +201,12 @@ def test_moe_passes_views():
     assert torch.equal(v2.reshape(experts, hidden), g2[:, None].expand(experts, hidden))
 
 
-# --- grouped_w4a16_gemm's argument check ------------------------------------------------------
+# --- run_gemm's argument check ----------------------------------------------------------------
+
+
+def _grouped_plan(epilogue: str):
+    pytest.importorskip("cutlass")
+    return dispatch.plan_gemm(64, 128, 16, epilogue=epilogue, grouped=True)
 
 
 def _grouped_args(groups: int = 2, n: int = 64, k: int = 128, rows: int = 0):
@@ -227,15 +233,16 @@ def test_grouped_gemm_rejects_wrong_global_shape(epilogue, bad_shape):
     expected = (r"w_global must be fp32 \[G, N\] = \[2, 64\] or \[G, H2, N/H2\] = "
                 rf"\[2, {halves}, {64 // halves}\] \('{epilogue}' epilogue\), got")
     with pytest.raises(ValueError, match=expected):
-        linear_cuda.grouped_w4a16_gemm(a, tile_expert, w, s, _positive(*bad_shape), out,
-                                       epilogue=epilogue)
+        linear_cuda.run_gemm(_grouped_plan(epilogue), a, w, s, _positive(*bad_shape), out,
+                             tile_expert=tile_expert)
 
 
 def test_grouped_gemm_rejects_non_fp32_global():
     a, tile_expert, w, s = _grouped_args()
     out = torch.zeros(0, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="w_global must be fp32"):
-        linear_cuda.grouped_w4a16_gemm(a, tile_expert, w, s, _positive(2, 1, 64).half(), out)
+        linear_cuda.run_gemm(_grouped_plan("none"), a, w, s, _positive(2, 1, 64).half(), out,
+                             tile_expert=tile_expert)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "swiglu", "row_scale"])
@@ -248,5 +255,5 @@ def test_grouped_gemm_accepts_every_global_form(epilogue):
     forms = [_positive(2, 64), _positive(2, halves, 64 // halves),
              _positive(2, halves, 1).expand(2, halves, 64 // halves)]
     for w_global in forms:
-        linear_cuda.grouped_w4a16_gemm(a, tile_expert, w, s, w_global, out, epilogue=epilogue,
-                                       row_scale=torch.ones(0))
+        linear_cuda.run_gemm(_grouped_plan(epilogue), a, w, s, w_global, out,
+                             tile_expert=tile_expert, row_scale=torch.ones(0))

@@ -122,16 +122,12 @@ _TILES = [8, 16, 32, 64, 128, 256]
 
 
 # kperm (permuted activations) exists for every grouped tile: the 32-block order of the WGMMA
-# family (16-256), the 8-block pair order of the streamed family (8); linear_cuda.grouped_layout
+# family (16-256), the 8-block pair order of the streamed family (8)
 @pytest.mark.parametrize("bm,kperm", [(bm, False) for bm in _TILES]
                          + [(bm, True) for bm in _TILES])
 def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
-    """Every token tile of every kernel family (linear_cuda._family) on a grouped problem;
-    ``kperm``: activations in the tile family's permuted order, SwiGLU output written in it
-    (the MoE's path)."""
-    from nvfp4_ops.kernels.linear_cuda import grouped_kperm
-
-    assert not kperm or grouped_kperm(1024, 256, bm)
+    """Every token tile of every kernel family on a grouped problem; ``kperm``: activations in
+    the tile family's permuted order, SwiGLU output written in it (the MoE's path)."""
 
     gen = torch.Generator(device="cuda").manual_seed(7 + bm)
     groups, n, k = 3, 512, 1024
@@ -147,20 +143,21 @@ def test_grouped_gemm_poisoned_and_skipped_tiles(bm, kperm):
 
 def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, row_scale,
                            epilogue, bm, kperm):
-    """Run ``grouped_w4a16_gemm`` with the global-scale argument ``w_global`` into a NaN-poisoned
+    """Run one planned grouped GEMM with the global-scale argument ``w_global`` into a NaN-poisoned
     output and check every tile against ``linear_fp32`` with the per-row globals
     ``rows_global`` fp32 ``[G, N]`` (contiguous, built independently)."""
     from nvfp4_ops.kernels.kperm import to_layout
-    from nvfp4_ops.kernels.linear_cuda import grouped_layout, grouped_w4a16_gemm
     from nvfp4_ops.reference.mlp import clamped_swiglu
+    from nvfp4_ops.testing import planned_gemm
 
     rows, n = a.shape[0], w.shape[1]
     n_out = n // 2 if epilogue == "swiglu" else n
-    layout = grouped_layout(bm) if kperm else "natural"
+    layout = ("pair" if bm == 8 else "kperm") if kperm else "natural"
     out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-    grouped_w4a16_gemm(to_layout(a, layout), tile_expert, w, w_scale, w_global,
-                       out, epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale,
-                       block_m=bm, kperm=kperm)
+    plan = planned_gemm(to_layout(a, layout), tile_expert, w, w_scale, w_global, out,
+                        epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale, block_m=bm,
+                        permuted=kperm)
+    assert plan.act_order == layout
     for t, e in enumerate(tile_expert.tolist()):
         sl = slice(t * bm, min((t + 1) * bm, rows))
         if e < 0:
@@ -211,7 +208,7 @@ def test_grouped_gemm_stride0_global_views(bm, kperm):
                                epilogue, bm, kperm)
 
 
-# swiglu at 6 token tiles runs persistent CTAs, at 12 one CTA per work item (choose_config)
+# swiglu at 6 token tiles runs persistent CTAs, at 12 one CTA per work item (the dispatch)
 @pytest.mark.parametrize("tiles", [6, 12])
 def test_grouped_stream_pair_order_matches_natural(tiles):
     """The streamed 8-token kernel with pair-order activations (``kperm``, the MoE's decode
@@ -219,9 +216,10 @@ def test_grouped_stream_pair_order_matches_natural(tiles):
     MMAs), so every output is bitwise the natural kernel's (a SwiGLU output at its pair-order
     column), and the natural kernel matches the reference (checked here too). NaN-poisoned
     outputs, skipped tiles, padding rows (``tile_rows``) with NaN inputs."""
-    from nvfp4_ops.kernels import linear_cuda
+    from nvfp4_ops.kernels import dispatch
     from nvfp4_ops.kernels.kperm import from_layout, permute_pairs
     from nvfp4_ops.reference.mlp import clamped_swiglu
+    from nvfp4_ops.testing import planned_gemm
 
     gen = torch.Generator(device="cuda").manual_seed(41 + tiles)
     groups, n, k, bm = 3, 1024, 2048, 8
@@ -238,16 +236,16 @@ def test_grouped_stream_pair_order_matches_natural(tiles):
     row_scale = torch.rand(rows, device="cuda", generator=gen)
     for epilogue in ("swiglu", "row_scale", "none"):
         n_out = n // 2 if epilogue == "swiglu" else n
-        cfg = linear_cuda.choose_config(n, k, bm, epilogue, False, True, tiles, True)
-        assert linear_cuda.config_layout(cfg) == "pair" and cfg.name.endswith("_kp_sm_90a")
-        assert epilogue != "swiglu" or (cfg.ctas > 0) == (tiles <= 8)
+        plan = dispatch.plan_gemm(n, k, bm, epilogue=epilogue, grouped=True, m_tiles=tiles,
+                                  permuted=True)
+        assert plan.act_order == "pair" and plan.config.name.endswith("_kp_sm_90a")
+        assert epilogue != "swiglu" or (plan.config.ctas > 0) == (tiles <= 8)
         outs = {}
         for kperm in (False, True):
             out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-            linear_cuda.grouped_w4a16_gemm(a_pair if kperm else a, tile_expert, w, w_scale,
-                                           w_global, out, epilogue=epilogue, swiglu_limit=7.0,
-                                           row_scale=row_scale, block_m=bm, kperm=kperm,
-                                           tile_rows=tile_rows)
+            planned_gemm(a_pair if kperm else a, tile_expert, w, w_scale, w_global, out,
+                         epilogue=epilogue, swiglu_limit=7.0, row_scale=row_scale, block_m=bm,
+                         permuted=kperm, tile_rows=tile_rows)
             outs[kperm] = out
         got = from_layout(outs[True], "pair") if epilogue == "swiglu" else outs[True]
         for t, e in enumerate(tile_expert.tolist()):
@@ -274,8 +272,8 @@ def test_grouped_gemm_tile_rows_padding(bm):
     """``tile_rows``: NaN in the padding rows of the input (rows past each tile's real count)
     must not reach a real row's output, and the streamed 8-token tile computes padding rows
     from the tile's last real row (its activation loads are pointed there)."""
-    from nvfp4_ops.kernels.linear_cuda import grouped_w4a16_gemm
     from nvfp4_ops.reference.mlp import clamped_swiglu
+    from nvfp4_ops.testing import planned_gemm
 
     gen = torch.Generator(device="cuda").manual_seed(31 + bm)
     groups, n, k = 3, 512, 1024
@@ -291,9 +289,8 @@ def test_grouped_gemm_tile_rows_padding(bm):
     for epilogue in ("row_scale", "swiglu"):
         n_out = n // 2 if epilogue == "swiglu" else n
         out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-        grouped_w4a16_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
-                           swiglu_limit=7.0, row_scale=row_scale, block_m=bm,
-                           tile_rows=tile_rows)
+        planned_gemm(a, tile_expert, w, w_scale, w_global, out, epilogue=epilogue,
+                     swiglu_limit=7.0, row_scale=row_scale, block_m=bm, tile_rows=tile_rows)
         for t, e in enumerate(tile_expert.tolist()):
             sl = slice(t * bm, t * bm + real[t])
             if e < 0:

@@ -2,9 +2,8 @@
 reference: V4-Flash and tiny shapes, skew, empty experts, EP, CUDA graphs with new routing,
 torch.compile with a dynamic T, opcheck, bad inputs.
 
-Every test runs the real CUDA path: the module fixture makes ``CUDA_KERNELS["moe"]`` point at
-``moe_cuda`` (a no-op once it is registered there) and checks that the op dispatches to it, so
-no test can silently pass on the GPU reference fallback.
+Every test runs the real CUDA path: the module fixture checks that the op dispatches to
+``moe_cuda``, so no test can silently pass on the GPU reference fallback.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from nvfp4_ops.testing import random_experts, random_routing, rel_l2
 
 pytestmark = pytest.mark.gpu
 
-MOE_KERNEL = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
 FLASH = nvfp4_ops.get_shape("v4-flash")
 TINY = nvfp4_ops.get_shape("tiny")
 TOKENS = (1, 2, 7, 64, 199, 1024, 4096)
@@ -32,16 +30,9 @@ REL_L2 = 4e-3
 def cuda_moe_kernel():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    saved = kernels.CUDA_KERNELS.get("moe")
-    kernels.CUDA_KERNELS["moe"] = MOE_KERNEL
     from nvfp4_ops.kernels import moe_cuda
 
     assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda
-    yield
-    if saved is None:
-        kernels.CUDA_KERNELS.pop("moe")
-    else:
-        kernels.CUDA_KERNELS["moe"] = saved
 
 
 def _experts(shape, seed):
@@ -159,11 +150,11 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     activations (the gather and GEMM 1's epilogue write them; kernels/kperm.py). The B
     fragment holds the same k pairs as in the natural order, so the output is bitwise the
     natural-order data flow's; the op itself takes the pair path and matches the reference."""
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    from nvfp4_ops.kernels import dispatch, moe_cuda
 
-    bm, kperm = moe_cuda.op_tile(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
-                                 FLASH.intermediate)
-    assert bm == 8 and kperm
+    sizes = (num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden, FLASH.intermediate)
+    plan = dispatch.plan_moe(*sizes)
+    assert plan.block_m == 8 and plan.act_order == "pair"
     torch.manual_seed(45 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
@@ -172,7 +163,7 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
         _poison_allocator(2**28)
         outs[kperm] = moe_cuda.moe_forward(
             hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5,
-            gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm, kperm=kperm)
+            plan=dispatch.plan_moe(*sizes, permuted=kperm, chained=False), pdl=False)
     assert torch.equal(outs[True], outs[False]), "pair order differs from natural"
     got, want = _run(FLASH, flash, hidden, ids, weights)
     assert torch.equal(got, outs[True]), "the op did not match its pair-order data flow"
@@ -189,19 +180,18 @@ def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
     early would differ); T = 512 runs the WGMMA tiles. ``expert_start = 256``: no id is local,
     every tile is skipped and the output must be exactly 0 (only CTA 0 of each GEMM waits
     then)."""
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    from nvfp4_ops.kernels import dispatch, moe_cuda
 
-    bm, kperm = moe_cuda.op_tile(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
-                                 FLASH.intermediate)
-    assert bm == (8 if num_tokens < 64 else 16)  # streamed tiles / WGMMA tiles
+    sizes = (num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden, FLASH.intermediate)
+    assert dispatch.plan_moe(*sizes).block_m == (8 if num_tokens < 64 else 16)
     torch.manual_seed(70 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
 
     def run(pdl, h=hidden, i=ids, w=weights):
+        plan = dispatch.plan_moe(*sizes, chained=pdl)
         return moe_cuda.moe_forward(h, i, w, *flash.args(), expert_start, FLASH.swiglu_limit,
-                                    1.5, gemm=linear_cuda.grouped_w4a16_gemm, block_m=bm,
-                                    kperm=kperm, pdl=pdl)
+                                    1.5, plan=plan, pdl=pdl)
 
     _poison_allocator(2**28)
     plain = run(False)
@@ -242,10 +232,7 @@ def test_deterministic(flash):
 @pytest.mark.parametrize("shape_name", ["tiny", "v4-flash"])
 def test_cuda_graph_replay_with_new_routing(tiny, flash, shape_name):
     shape, experts = (TINY, tiny) if shape_name == "tiny" else (FLASH, flash)
-    from nvfp4_ops.kernels import moe_cuda
-
     nvfp4_ops.warmup([shape_name])
-    moe_cuda.warmup_triton(shape.hidden, shape.top_k)
     num_tokens = 37
     torch.manual_seed(60)
     hidden = _hidden(num_tokens, shape.hidden)
@@ -363,9 +350,9 @@ def flash_wperm(flash):
 def test_flash_wperm_weights_bitwise_equal(flash, flash_wperm, num_tokens):
     """``wperm=True`` with permuted weights: the decoders give the same registers, so the op is
     bitwise equal to the checkpoint order at every tile (8-token streamed, WGMMA 16-256)."""
-    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops.kernels import dispatch
 
-    assert moe_cuda.wperm_supported(FLASH.hidden, FLASH.intermediate)
+    assert dispatch.moe_wperm_supported(FLASH.hidden, FLASH.intermediate)
     torch.manual_seed(90 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
@@ -382,10 +369,7 @@ def test_flash_wperm_weights_bitwise_equal(flash, flash_wperm, num_tokens):
 def test_flash_wperm_cuda_graph_replay(flash, flash_wperm):
     """Captured once with ``wperm=True``, replayed with new hidden states and routing: equal to
     the eager checkpoint-order op every time."""
-    from nvfp4_ops.kernels import moe_cuda
-
     nvfp4_ops.warmup(["v4-flash"])
-    moe_cuda.warmup_triton(FLASH.hidden, FLASH.top_k)
     num_tokens = 8
     torch.manual_seed(95)
     hidden = _hidden(num_tokens, FLASH.hidden)
@@ -416,14 +400,39 @@ def test_flash_wperm_cuda_graph_replay(flash, flash_wperm):
 
 def test_wperm_unsupported_sizes_refused_on_cuda(tiny):
     """Where some tile's kernel cannot read the order, ``wperm=True`` is a clear error, not a
-    wrong answer (tiny: checked against moe_cuda.wperm_supported)."""
-    from nvfp4_ops.kernels import moe_cuda
+    wrong answer (tiny: checked against dispatch.moe_wperm_supported)."""
+    from nvfp4_ops.kernels import dispatch
 
     hidden = _hidden(3, TINY.hidden)
     ids, weights = random_routing(3, TINY.experts, TINY.top_k, device="cuda")
-    if moe_cuda.wperm_supported(TINY.hidden, TINY.intermediate):
+    if dispatch.moe_wperm_supported(TINY.hidden, TINY.intermediate):
         pytest.skip("tiny's kernels read wperm")
-    if not moe_cuda.moe_supported(TINY.hidden, TINY.intermediate):
+    if not dispatch.moe_supported(TINY.hidden, TINY.intermediate):
         pytest.skip("tiny runs the reference, which reads wperm")
     with pytest.raises(nvfp4_ops.NVFP4InputError, match="wperm"):
         nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), swiglu_limit=10.0, wperm=True)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 199, 1024])
+def test_flash_per_row_global_scales(flash, num_tokens):
+    """One global scale per weight row (``w13_global [E, 2I]``, ``w2_global [E, H]``: the exact
+    MXFP4 conversion's form) through the same kernels: matches the reference, and rows holding
+    the per-expert scales give bitwise the per-expert result."""
+    e, two_i = flash.w13.shape[:2]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    g13 = flash.w13_global.repeat_interleave(two_i // 2, dim=1)
+    g2 = flash.w2_global.unsqueeze(1).expand(-1, FLASH.hidden).contiguous()
+    rows = type(flash)(**{**flash.__dict__,
+                          "w13_global": g13 * torch.rand(e, two_i, device="cuda",
+                                                         generator=gen).add(0.5),
+                          "w2_global": g2 * torch.rand(e, FLASH.hidden, device="cuda",
+                                                       generator=gen).add(0.5)})
+    torch.manual_seed(40 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    got, want = _run(FLASH, rows, hidden, ids, weights)
+    _check(got, want, f"v4-flash per-row globals T={num_tokens}")
+    expanded = type(flash)(**{**flash.__dict__, "w13_global": g13, "w2_global": g2})
+    got_expanded, _ = _run(FLASH, expanded, hidden, ids, weights)
+    got_plain, _ = _run(FLASH, flash, hidden, ids, weights)
+    assert torch.equal(got_expanded, got_plain)

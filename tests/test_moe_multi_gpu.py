@@ -90,7 +90,7 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
     import torch.distributed as dist
 
     import nvfp4_ops
-    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops.kernels import dispatch
     from nvfp4_ops.reference import moe_reference
     from nvfp4_ops.testing import fast_random_experts, rel_l2
 
@@ -113,7 +113,7 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
         if rank == 0:
             other = _digest([t[local:] for t in full.args()])
             assert torch.equal(digests[1], other), "rank 1's experts differ from rank 0's"
-        wperm = moe_cuda.wperm_supported(h, i)
+        wperm = dispatch.moe_wperm_supported(h, i)
         if wperm:
             for q in (mine, full) if full is not None else (mine,):
                 nvfp4_ops.to_wperm_(q.w13)

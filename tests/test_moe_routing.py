@@ -200,32 +200,32 @@ def test_pair_layout():
         assert torch.equal(kp.from_layout(z, layout), torch.arange(64))
         assert [int(z[kp.stored_column(f, layout)]) for f in range(64)] == list(range(64))
     assert kp.stored_column(13, "pair") == 8 + kp.pair_dst(5) == 11
-    from nvfp4_ops.kernels.linear_cuda import grouped_layout
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import dispatch
 
-    # what the gather writes for kperm=True: the order of the tile's family
-    assert grouped_layout(8) == "pair"
-    assert [grouped_layout(bm) for bm in (16, 32, 64, 128, 256)] == ["kperm"] * 5
+    # what the MoE gathers into: the order of the tile's family (V4-Flash sizes)
+    assert dispatch.moe_act_orders(4096, 2048) == [(8, "pair")] + [
+        (bm, "kperm") for bm in (16, 32, 64, 128, 256)]
     with pytest.raises(ValueError, match="multiple of 8"):
         kp.permute_pairs(torch.zeros(2, 12))
     with pytest.raises(ValueError, match="layout must be one of"):
         kp.to_layout(torch.zeros(2, 16), "pairs")
 
 
-# (kperm argument, block_m, H, layout the gather must write): True = the order of the tile's
-# GEMM family (pair at 8, kperm at 16+); H = 104 is a multiple of 8 but not of 32 or BLOCK_H
+# (block_m, H, layout the gather writes); H = 104 is a multiple of 8 but not of 32 or BLOCK_H
 GATHER_CASES = [
-    (False, 8, 96, "natural"),
-    (True, 8, 96, "pair"),
-    (True, 16, 96, "kperm"),
-    ("pair", 8, 104, "pair"),
-    ("pair", 16, 96, "pair"),
-    ("kperm", 8, 96, "kperm"),
-    ("natural", 16, 104, "natural"),
+    (8, 96, "natural"),
+    (8, 96, "pair"),
+    (16, 96, "kperm"),
+    (8, 104, "pair"),
+    (16, 96, "pair"),
+    (8, 96, "kperm"),
+    (16, 104, "natural"),
 ]
 
 
-@pytest.mark.parametrize("kperm,block_m,hidden_size,layout", GATHER_CASES)
-def test_gather_rows(kernels, kperm, block_m, hidden_size, layout):
+@pytest.mark.parametrize("block_m,hidden_size,layout", GATHER_CASES)
+def test_gather_rows(kernels, block_m, hidden_size, layout):
     device, routing_mod, _ = kernels
     g = torch.Generator().manual_seed(11)
     num_tokens, top_k, num_experts = 13, 3, 8
@@ -233,7 +233,7 @@ def test_gather_rows(kernels, kperm, block_m, hidden_size, layout):
     hidden = torch.randn(num_tokens, hidden_size, generator=g).to(torch.bfloat16).to(device)
     weights = torch.rand(num_tokens, top_k, generator=g).to(device)
     routing = routing_mod.moe_routing(ids, num_experts, 0, block_m)
-    a, row_scale = routing_mod.gather_rows(hidden, weights, routing, kperm)
+    a, row_scale = routing_mod.gather_rows(hidden, weights, routing, layout)
     assert a.shape == (routing.sorted_slots.numel(), hidden_size) and a.dtype == torch.bfloat16
     if layout != "natural":
         # an independent statement of each order (kernels/kperm.py): stored position q of a
@@ -266,7 +266,7 @@ def test_gather_rows_layout_errors(kernels):
                                 weights, routing, "kperm")
     with pytest.raises(ValueError, match="H % 8"):
         routing_mod.gather_rows(torch.zeros(2, 36, dtype=torch.bfloat16, device=device),
-                                weights, routing, True)  # pair order at block_m 8
+                                weights, routing, "pair")
     with pytest.raises(ValueError, match="layout must be one of"):
         routing_mod.gather_rows(torch.zeros(2, 96, dtype=torch.bfloat16, device=device),
                                 weights, routing, "k32")
@@ -367,6 +367,35 @@ def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, s
         out[rows] = val.to(torch.bfloat16)
 
 
+def torch_gemm(plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows=None,
+               row_scale=None, swiglu_limit=None, bias=None):
+    """:func:`torch_grouped_gemm` with the launcher's signature (``moe_forward``'s ``gemm``)."""
+    torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out,
+                       epilogue=plan.config.epilogue, swiglu_limit=swiglu_limit,
+                       row_scale=row_scale, bias=bias, block_m=plan.block_m,
+                       kperm=plan.act_order != "natural", tile_rows=tile_rows)
+
+
+def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm):
+    """A MoE plan for the torch stand-in GEMM: the routing's tile and padded rows as the op
+    computes them, the activation order stated independently (pair at 8, kperm at 16+);
+    its GEMM "configs" carry only what the stand-in reads."""
+    from types import SimpleNamespace
+
+    from nvfp4_ops.kernels.dispatch import GemmPlan, MoEPlan, WeightOrder, moe_block_m
+    from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+
+    bm = block_m or moe_block_m(num_tokens * top_k, num_experts)
+    layout = ("pair" if bm == 8 else "kperm") if kperm else "natural"
+    order = WeightOrder.CHECKPOINT
+
+    def gemm(epilogue):
+        return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=bm), layout, order)
+
+    return MoEPlan(bm, padded_rows(num_tokens * top_k, num_experts, bm), layout, order,
+                   gemm("swiglu"), gemm("row_scale"))
+
+
 @pytest.fixture(scope="module")
 def tiny_experts():
     from nvfp4_ops.testing import random_experts
@@ -403,8 +432,9 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
         ids[0] = torch.arange(top_k) + 40  # token 0: no local expert at all
     args = (hidden, ids, weights, *experts.args(), expert_start, 10.0, 1.5)
     want = moe_reference(*args)
+    plan = stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm)
     got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
-                      gemm=torch_grouped_gemm, block_m=block_m, kperm=kperm).cpu()
+                      plan=plan, gemm=torch_gemm, pdl=False).cpu()
     assert got.shape == want.shape and got.dtype == torch.bfloat16
     assert not got.isnan().any()
     err = rel_l2(got, want)
@@ -434,26 +464,6 @@ def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):
     kperm_column = kp.stored_column
     monkeypatch.setattr(kp, "stored_column", lambda f, layout: kperm_column(f, "kperm"))
     got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
-                      gemm=torch_grouped_gemm, block_m=8, kperm=True).cpu()
+                      plan=stand_in_plan(7, 6, tiny_experts.num_experts, 8, True),
+                      gemm=torch_gemm, pdl=False).cpu()
     assert rel_l2(got.float(), want) > 0.1
-
-
-def test_choose_block_m():
-    from nvfp4_ops.kernels.moe_cuda import BLOCK_MS, choose_block_m
-
-    assert choose_block_m(6, 256) == 8
-    assert choose_block_m(6 * 128, 256) == 8
-    assert choose_block_m(6 * 512, 256) == 16
-    assert choose_block_m(6 * 4096, 256) == 128
-    assert choose_block_m(6 * 16384, 256) == 256
-    assert all(choose_block_m(n, 256) in BLOCK_MS for n in range(0, 10**5, 997))
-
-
-def test_covered_block_m_keeps_every_tile_for_supported_sizes():
-    pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels.moe_cuda import BLOCK_MS, covered_block_m
-
-    # every size moe_supported accepts (H, I multiples of 128) has a kernel at every tile
-    for hidden_size, inter in [(4096, 2048), (7168, 3072), (256, 128), (384, 640)]:
-        for bm in BLOCK_MS:
-            assert covered_block_m(bm, hidden_size, inter) == bm

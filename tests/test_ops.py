@@ -37,8 +37,11 @@ def _linear_fp64(x, packed, scale, gs, bias=None):
 
 def _gated_fp64(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, limit):
     inter = w13.shape[0] // 2
-    gate = _linear_fp64(x, w13[:inter], w13_scale[:inter], w13_global[0])
-    up = _linear_fp64(x, w13[inter:], w13_scale[inter:], w13_global[1])
+    # (gate, up) scales [2], or one per row [2I]
+    g_gate, g_up = (w13_global[0], w13_global[1]) if w13_global.numel() == 2 else (
+        w13_global[:inter], w13_global[inter:])
+    gate = _linear_fp64(x, w13[:inter], w13_scale[:inter], g_gate)
+    up = _linear_fp64(x, w13[inter:], w13_scale[inter:], g_up)
     if limit is not None:
         gate = gate.clamp(max=limit)
         up = up.clamp(-limit, limit)
@@ -265,3 +268,43 @@ def test_moe_compiled_dynamic_matches_eager(experts):
         for a in (x, ids, w):
             torch._dynamo.mark_dynamic(a, 0)
         assert torch.equal(fn(x, ids, w), f(x, ids, w))
+
+
+# ---------------------------------------------------------------- per-row global scales
+
+
+def _per_row(ex, gen):
+    """The fixture's experts with one random global scale per weight row (what an exact MXFP4
+    conversion produces): ``w13_global [E, 2I]``, ``w2_global [E, H]``."""
+    e, two_i, _ = ex.w13.shape
+    hidden = ex.w2.shape[1]
+    g13 = ex.w13_global.repeat_interleave(two_i // 2, dim=1)
+    g13 = g13 * torch.rand(e, two_i, generator=gen).add(0.5)
+    g2 = ex.w2_global.unsqueeze(1) * torch.rand(e, hidden, generator=gen).add(0.5)
+    return type(ex)(**{**ex.__dict__, "w13_global": g13, "w2_global": g2})
+
+
+def test_moe_and_mlp_per_row_global_scales_vs_fp64(experts):
+    rows = _per_row(experts, torch.Generator().manual_seed(3))
+    x = _x(11)
+    ids, w = random_routing(11, E, TOPK)
+    out = _moe(x, ids, w, rows)
+    want = _moe_fp64(x, ids, w, rows, 0, 10.0, 1.5)  # _linear_fp64 broadcasts [N] globals
+    assert rel_l2(out, want) < 4e-3
+    assert _bf16_ulps(out, want.to(torch.bfloat16)) <= 2
+    mlp_out = nvfp4_ops.mlp(x, *_shared(rows), swiglu_limit=10.0)
+    assert _bf16_ulps(mlp_out, _gated_fp64(x, *_shared(rows), 10.0).to(torch.bfloat16)) <= 2
+    _opcheck(torch.ops.nvfp4.moe.default, (x, ids, w, *rows.args(), 0, E, 10.0, 1.5))
+
+
+def test_per_row_global_scales_equal_expanded_per_expert_scales(experts):
+    """Per-row scales holding each expert's (gate, up) / down scale on every row give bitwise
+    the result of the per-expert form."""
+    inter, hidden = experts.w13.shape[1] // 2, experts.w2.shape[1]
+    expanded = type(experts)(**{
+        **experts.__dict__,
+        "w13_global": experts.w13_global.repeat_interleave(inter, dim=1),
+        "w2_global": experts.w2_global.unsqueeze(1).expand(-1, hidden).contiguous()})
+    x = _x(7)
+    ids, w = random_routing(7, E, TOPK)
+    assert torch.equal(_moe(x, ids, w, expanded), _moe(x, ids, w, experts))

@@ -1,7 +1,7 @@
-"""CI: every config :func:`w4a16_stream.choose_config` returns for the V4-Flash / V4-Pro layer
-shapes (shared-expert MLP and MoE GEMMs) and the two large linear shapes compiles for sm_90a
-on a CPU-only machine and exports to an object file (the GPU checks live in
-``benchmarks/dev_stream.py``)."""
+"""CI: every streamed (8-token) config the dispatch plans for the V4-Flash / V4-Pro layer shapes
+(shared-expert MLP and MoE GEMMs) and the two large linear shapes compiles for sm_90a on a
+CPU-only machine and exports to an object file; the kernel's flags change the PTX as
+intended."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 pytest.importorskip("cutlass")
 
 from nvfp4_ops import get_shape  # noqa: E402
+from nvfp4_ops.kernels import dispatch  # noqa: E402
 from nvfp4_ops.kernels.cute import w4a16_stream  # noqa: E402
 from nvfp4_ops.testing import kernel_ptx  # noqa: E402
 
@@ -28,14 +29,21 @@ def _problems():
     return out
 
 
+def _stream(n, k, epilogue="none", has_bias=False, grouped=False, m_tiles=None, kperm=False,
+            pdl=False, order=dispatch.WeightOrder.CHECKPOINT):
+    plan = dispatch.plan_gemm(n, k, 8, epilogue=epilogue, has_bias=has_bias, grouped=grouped,
+                              m_tiles=m_tiles, permuted=kperm, chained=pdl, order=order)
+    assert plan.family == "stream", plan
+    return plan.config
+
+
 def _variants(kperm: bool = False):
     seen = {}
     for n, k, epi, grouped in _problems():
         if kperm and not grouped:
             continue
-        for bm in w4a16_stream.BLOCK_MS:
-            cfg = w4a16_stream.choose_config(n, k, bm, epi, False, grouped, kperm=kperm)
-            seen.setdefault(cfg.name, cfg)
+        cfg = _stream(n, k, epi, grouped=grouped, kperm=kperm)
+        seen.setdefault(cfg.name, cfg)
     return list(seen.values())
 
 
@@ -44,9 +52,9 @@ VARIANTS = _variants()
 KPERM_VARIANTS = _variants(kperm=True)
 
 
-def test_choose_config_contract():
-    assert len(VARIANTS) == len(_problems()) * len(w4a16_stream.BLOCK_MS)
-    assert len(KPERM_VARIANTS) == 2 * 2 * len(w4a16_stream.BLOCK_MS)
+def test_plan_contract():
+    assert len(VARIANTS) == len(_problems())
+    assert len(KPERM_VARIANTS) == 2 * 2
     natural = {c.name: c for c in VARIANTS}
     for cfg in KPERM_VARIANTS:
         # the same tile as the natural config, plus the flag and the name suffix
@@ -69,19 +77,17 @@ def test_variant_compiles_for_sm90a(cfg, tmp_path):
     assert path.stat().st_size > 1000
 
 
-def test_bias_rows8_persistent_compile():
-    """Paths no choose_config result above takes: the bias epilogue, 8-row sets, persistent
-    CTAs (grouped and dense) and the no-compute streaming diagnostic."""
+def test_bias_tiles_persistent_compile():
+    """Paths no plan above takes: the bias epilogue, 16-token tiles, persistent CTAs (grouped
+    and dense)."""
     cfg_type = w4a16_stream.StreamConfig
-    for cfg in (w4a16_stream.choose_config(4096, 4096, 8, "none", True, False),
-                cfg_type(4096, 4096, "swiglu", False, True, 16, rows8=True, release="lag"),
+    for cfg in (_stream(4096, 4096, "none", has_bias=True),
+                cfg_type(4096, 4096, "swiglu", False, True, 16),
                 cfg_type(4096, 4096, "swiglu", False, True, 8, 1, 4, 2, 3, ctas=396),
                 cfg_type(4096, 2048, "row_scale", False, True, 8, 1, 2, 2, 2, ctas=792),
-                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, ctas=264),
-                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, compute=False)):
+                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, ctas=264)):
         w4a16_stream.compile_gemm(cfg)
     assert "_p396_" in cfg_type(4096, 4096, ctas=396).name
-    assert cfg_type(4096, 4096, compute=False).name.endswith("_nocompute_sm_90a")
 
 
 @pytest.mark.parametrize("epilogue,n,k", [("swiglu", 4096, 4096), ("row_scale", 4096, 2048)])
@@ -91,7 +97,7 @@ def test_pair_order_drops_the_activation_prmt(epilogue, n, k, tmp_path):
     and activation loads."""
     counts = {}
     for kperm in (False, True):
-        cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, kperm=kperm)
+        cfg = _stream(n, k, epilogue, grouped=True, kperm=kperm)
         text = kernel_ptx(cfg, tmp_path / str(kperm))
         counts[kperm] = {op: text.count(op) for op in ("prmt.b32", "mma.sync", "ld.global.nc.v4")}
     steps = 2  # 128-k steps per stage of these configs (4 words x 4 prmt x num_tiles each)
@@ -109,8 +115,7 @@ def test_launch_overlap_waits(epilogue, n, k, m_tiles, tmp_path):
     the PTX). Without ``pdl`` neither instruction is emitted (persistent and one-item CTAs)."""
     counts = {}
     for pdl in (False, True):
-        cfg = w4a16_stream.choose_config(n, k, 8, epilogue, False, True, m_tiles, kperm=True,
-                                         pdl=pdl)
+        cfg = _stream(n, k, epilogue, grouped=True, m_tiles=m_tiles, kperm=True, pdl=pdl)
         assert cfg.pdl == pdl and cfg.name.endswith("_pdl_sm_90a") == pdl
         text = kernel_ptx(cfg, tmp_path / str(pdl))
         counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
@@ -122,10 +127,8 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096 + 128),  # K not a multiple of the 1024-k chunk
         dict(n=4096, k=4096, block_m=64),  # prefill tiles are w4a16_gemm's
         dict(n=4096, k=4096, epilogue="swiglu", has_bias=True),
-        dict(n=4096, k=4096, release="end"),  # the racy release (module docstring)
         dict(n=4096, k=4096, stages=12),
         dict(n=4104, k=4096),  # N % 16
-        dict(n=4096, k=4096, ctas=264, release="lag"),  # would never free an item's last stage
         dict(n=4096, k=4096, ctas=-1),
         dict(n=4096, k=4096, kperm=True),  # pair-order activations: grouped problems only
         dict(n=4096, k=4096, pdl=True),  # launch overlap: the MoE chain's grouped GEMMs only
@@ -139,8 +142,8 @@ def test_bad_configs_rejected():
         with pytest.raises(ValueError):
             w4a16_stream.StreamConfig(**kw)
     assert not w4a16_stream.supported(4096, 4096 + 128)
-    with pytest.raises(ValueError):
-        w4a16_stream.choose_config(4096, 4096 + 128, 8)
+    # K % 256 != 0: the dispatch gives the 8-token tile to mma.sync instead
+    assert dispatch.plan_gemm(4096, 4096 + 128, 8).family == "mma"
 
 
 @pytest.mark.parametrize("n,k", LINEAR)
@@ -150,10 +153,9 @@ def test_tma2d_fills_a_stage_with_two_tensor_copies(n, k, tmp_path):
     MMAs; without the flag the kernel is unchanged (bulk copies, no tensor copy)."""
     import dataclasses
 
-    from nvfp4_ops.kernels import linear_cuda as L
-
-    base = dataclasses.replace(
-        L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True), tma2d=False)
+    shipped = _stream(n, k, m_tiles=1, order=dispatch.WeightOrder.WFRAG)
+    assert shipped.tma2d == (n == 7168)  # (18432, 7168): 7 chunks per CTA, 1152 CTAs
+    base = dataclasses.replace(shipped, tma2d=False)
     t2 = dataclasses.replace(base, tma2d=True)
     assert t2.name.endswith("_t2_sm_90a") and t2.stage_bytes == 16 * (t2.kc // 2 + t2.kc // 16)
     counts = {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -44,59 +43,56 @@ def test_streamk_split_and_owners(items, per_item, ctas):
     assert all(len(v) <= 2 and len(set(v)) == len(v) for v in slots.values())
 
 
-#: WGMMA (N, K, M, block_m, row_wgs, stages, streamk[, stage_k]): the issue's 128-token shapes
-#: (three and two row warpgroups, one CTA per SM), the 16-32-token tile, two token tiles
-#: (M = 199), a narrow layer whose tiles split over ~16 CTAs (1024 x 4096: 8 tiles x 64 k
-#: tiles), and the 128-k-stage tiles (block scales by TMA, one load per lane and stage)
-WGMMA_CASES = [(18432, 7168, 128, 128, 3, 6, 1), (7168, 18432, 128, 128, 2, 8, 1),
-               (18432, 7168, 16, 16, 1, 6, 3), (7168, 18432, 29, 32, 1, 6, 2),
-               (4096, 4096, 199, 128, 1, 4, 2), (1024, 4096, 77, 128, 2, 8, 1),
-               (18432, 7168, 16, 16, 1, 4, 3, 128), (7168, 18432, 13, 16, 1, 4, 3, 128),
-               (7168, 18432, 29, 32, 1, 4, 3, 128), (18432, 7168, 199, 128, 2, 4, 1, 128),
-               (1024, 4096, 77, 128, 2, 4, 1, 128),
-               # the acquire-release fix-up (dispatched with 128-k stages since session 14;
-               # the cases above without it keep the fences)
-               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True)),
-               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True)),
-               (18432, 7168, 128, 128, 3, 6, 1, 64, dict(lite_fixup=True)),
-               # the block scales by cp.async, each stage's slot holding the next stage's
-               # (dispatched at 16-32 tokens since session 15); K = 4224: an odd number of
-               # 128-k stages, the last one's "next" zero-filled
-               *[(n, k, m, bm, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True))
+#: WGMMA (N, K, M, block_m, row_wgs, stages, streamk[, extra fields]), all on 128-k stages: the
+#: issue's 128-token shapes (three and two row warpgroups, one CTA per SM), the 16-32-token
+#: tile, two token tiles (M = 199), a narrow layer whose tiles split over ~16 CTAs (1024 x
+#: 4096), the block scales by cp.async a stage ahead (K = 4224: an odd number of stages, the
+#: last one's "next" zero-filled), and launch overlap (what the dispatch uses: every stream-K
+#: tile, scales ahead at 16-32 tokens)
+WGMMA_CASES = [(18432, 7168, 128, 128, 3, 4, 1), (7168, 18432, 128, 128, 2, 4, 1),
+               (18432, 7168, 16, 16, 1, 4, 3), (7168, 18432, 13, 16, 1, 4, 3),
+               (7168, 18432, 29, 32, 1, 4, 3), (18432, 7168, 199, 128, 2, 4, 1),
+               (1024, 4096, 77, 128, 2, 4, 1),
+               *[(n, k, m, bm, 1, 4, 3, dict(scale_ahead=True))
                  for n, k, m, bm in ((18432, 7168, 16, 16), (7168, 18432, 13, 16),
                                      (7168, 18432, 29, 32), (4096, 4224, 16, 16))],
-               # launch overlap (dispatched for every stream-K tile since session 15)
-               (18432, 7168, 16, 16, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True,
-                                                        pdl=True)),
-               (7168, 18432, 29, 32, 1, 4, 3, 128, dict(lite_fixup=True, scale_ahead=True,
-                                                        pdl=True)),
-               (7168, 18432, 199, 128, 2, 4, 1, 128, dict(lite_fixup=True, pdl=True)),
-               (1024, 4096, 77, 128, 2, 8, 1, 64, dict(pdl=True))]
+               (18432, 7168, 16, 16, 1, 4, 3, dict(scale_ahead=True, pdl=True)),
+               (7168, 18432, 29, 32, 1, 4, 3, dict(scale_ahead=True, pdl=True)),
+               (7168, 18432, 199, 128, 2, 4, 1, dict(pdl=True)),
+               (1024, 4096, 77, 128, 2, 4, 1, dict(pdl=True))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
-    cfg = W.WgmmaConfig(18432, 7168, "none", False, False, 128, 3, 1, 6, wfrag=True,
-                        wperm=True, streamk=1)
+    cfg = W.WgmmaConfig(18432, 7168, "none", False, False, 128, 3, 1, 4, wfrag=True,
+                        wperm=True, streamk=1, stage_k=128)
     assert cfg.name.endswith("_wp_wf_sk1_sm_90a")
     assert cfg.partial_len == 3 * 64 * 128
-    assert cfg.streamk_units(199) == (96 * 2, 96 * 2 * 112)
+    assert cfg.streamk_units(199) == (96 * 2, 96 * 2 * 56)
     assert callable(W.compile_gemm(cfg))
-    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
-        W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 2, streamk=1)
-    with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
-        W.WgmmaConfig(4096, 4096, "swiglu", False, False, 128, 1, 1, streamk=1)
+    for kw in (dict(split_k=2), dict(epilogue="swiglu"), dict(wfrag=False, wperm=False)):
+        with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
+            W.WgmmaConfig(**{**dict(n=4096, k=4096, block_m=128, row_wgs=1, wfrag=True,
+                                    streamk=1, stage_k=128), **kw})
     with pytest.raises(ValueError, match="streamk must be >= 0"):
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
+    # stream-K runs 128-k stages, and only it does
+    with pytest.raises(ValueError, match="128-k stages"):
+        W.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1, wfrag=True, streamk=1)
+    with pytest.raises(ValueError, match="128-k stages"):
+        W.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1, wfrag=True, stage_k=128)
 
 
-def _wgmma_pair(n, k, m, bm, r, st, sk, bias, stage_k=64, extra=None):
-    """(the one-tile-per-CTA 64-k-stage tile, the stream-K one with ``extra`` fields)"""
+def _wgmma_pair(n, k, m, bm, r, st, sk, bias, extra=None):
+    """Plans of (the one-tile-per-CTA 64-k-stage tile, the stream-K one with ``extra``
+    fields) on prepared weights."""
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
+    from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
 
-    base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, st, wfrag=True, wperm=True)
-    return base, dataclasses.replace(base, streamk=sk, stage_k=stage_k, **(extra or {}))
+    base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, 6, wfrag=True, wperm=True)
+    sk_cfg = dataclasses.replace(base, stages=st, streamk=sk, stage_k=128, **(extra or {}))
+    return tuple(GemmPlan("wgmma", c, "natural", WeightOrder.WFRAG) for c in (base, sk_cfg))
 
 
 @pytest.mark.gpu
@@ -112,7 +108,8 @@ def test_streamk_matches_tiles_on_gpu(case, bias):
     from nvfp4_ops.kernels import wfrag, wperm
 
     n, k, m = case[:3]
-    base, cfg = _wgmma_pair(*case[:7], bias, *case[7:])
+    base, plan = _wgmma_pair(*case[:7], bias, *case[7:])
+    cfg = plan.config
     gen = torch.Generator(device="cuda").manual_seed(n + m)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     w = wperm.to_wperm(wfrag.to_wfrag(w))
@@ -122,22 +119,20 @@ def test_streamk_matches_tiles_on_gpu(case, bias):
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if bias else None
     outs = []
-    for c in (base, cfg, cfg):
+    for p in (base, plan, plan):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        L._launch(c, x, None, w[None], ws[None], gv, out, None, None, b)
+        L.run_gemm(p, x, w, ws, gv, out, bias=b)
         outs.append(out.float())
     ref, got, again = outs
     assert torch.isfinite(got).all()
     assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()
     assert torch.equal(got, again)
     # the kernel leaves its counters at zero (each item's finisher resets its own)
-    counters, scratch = L.streamk_scratch(cfg, m, x.device)
-    counters.fill_(0)
-    fn = L.compiled_gemm(cfg)
+    counters = torch.zeros(cfg.streamk_units(m)[0], dtype=torch.int32, device="cuda")
+    scratch = L.streamk_workspace(cfg, m, x.device).scratch
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    f32 = L._dummy(torch.float32, x.device)
-    fn(x, w[None], ws[None].view(torch.uint8), gv, out, counters, scratch, f32,
-       b if bias else L._dummy(torch.bfloat16, x.device), float("inf"))
+    L.run_gemm(plan, x, w, ws, gv, out, bias=b,
+               workspace=L.StreamKWorkspace(counters, scratch))
     torch.cuda.synchronize()
     assert int(counters.abs().sum()) == 0
     assert torch.equal(out.float(), got)
@@ -148,23 +143,19 @@ def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
     SM (the grid is that many per SM): their registers (ptxas, rounded up to 8 per thread) and
     ring must fit 3 CTAs in the 64 K registers and 227 KB of shared memory of an SM. 4 CTAs of
     the 16-token 128-k tile would need 4 x 256 threads x 80 registers (> 64 K); on H200 that
-    grid ran 20 % slower (benchmarks/results/h200_2026-12-01_s13/ab/ab_ss2.log)."""
+    grid ran 20 % slower (nvfp4_ops/kernels/DESIGN.md, "Stream-K")."""
     import re
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import dev_sass
-
-    from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.testing import kernel_ptx
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
+    from nvfp4_ops.testing import find_cuda_tool, kernel_ptx
 
     try:
-        ptxas = dev_sass.tool("ptxas")
-    except SystemExit as exc:
+        ptxas = find_cuda_tool("ptxas")
+    except FileNotFoundError as exc:
         pytest.skip(str(exc))
     for n, k, m in ((18432, 7168, 16), (7168, 18432, 32)):
-        cfg = L.linear_config(n, k, m, wfrag=True)
+        cfg = plan_linear(n, k, m, order=WeightOrder.WFRAG).config
         assert cfg.streamk == 3 and cfg.stage_k == 128, cfg.name
         kernel_ptx(cfg, tmp_path / cfg.name)
         (ptx,) = (tmp_path / cfg.name).glob("*.ptx")
@@ -176,39 +167,32 @@ def test_dispatched_small_streamk_tiles_fit_their_ctas_per_sm(tmp_path):
         assert cfg.stage_bytes * cfg.num_stages * cfg.streamk <= 227 * 1024, cfg.name
 
 
-def test_lite_fixup_compiles_and_errors(tmp_path):
-    """``lite_fixup`` (dispatched for 128-k stream-K tiles) compiles for sm_90a, with one
-    acquire-release atomic and no GPU-scope fence in its fix-up, and is refused off
-    stream-K."""
-    import dataclasses
-
+def test_fixup_is_one_acquire_release_atomic(tmp_path):
+    """The stream-K fix-up publishes and acquires the parked pieces with one acquire-release
+    atomic by thread 0 between CTA barriers: no GPU-scope fence in the PTX."""
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
     from nvfp4_ops.testing import kernel_ptx
 
     cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, wfrag=True, wperm=True,
-                        streamk=3, stage_k=128, lite_fixup=True)
-    assert cfg.name.endswith("_k128_lf_sm_90a")
-    texts = {lf: kernel_ptx(dataclasses.replace(cfg, lite_fixup=lf), tmp_path / str(lf))
-             for lf in (False, True)}
-    assert texts[True].count("atom.acq_rel.gpu") == 1 and "fence.acq_rel.gpu" not in texts[True]
-    assert texts[False].count("fence.acq_rel.gpu") > 0 and "atom.acq_rel" not in texts[False]
-    with pytest.raises(ValueError, match="lite_fixup is for stream-K"):
-        W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, lite_fixup=True)
+                        streamk=3, stage_k=128)
+    text = kernel_ptx(cfg, tmp_path / "fixup")
+    assert text.count("atom.acq_rel.gpu") == 1 and "fence.acq_rel.gpu" not in text
 
 
 def test_dispatched_streamk_configs_compile():
     """The stream-K tiles the dispatch picks for the benchmark's big shapes on prepared weights
     (16, 32, 128 and 199 tokens) compile for sm_90a."""
     from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
 
     names = set()
     for n, k in ((7168, 18432), (18432, 7168)):
         for m in (16, 32, 128, 199):
-            cfg = L.linear_config(n, k, m, has_bias=m == 199, wfrag=True)
+            cfg = plan_linear(n, k, m, has_bias=m == 199, order=WeightOrder.WFRAG).config
             assert cfg.streamk > 0, cfg.name
             if cfg.name not in names:
                 names.add(cfg.name)
-                assert callable(L.compiled_gemm(cfg))
+                assert callable(L.compiled(cfg))
     assert len(names) == 8  # bm 16 / 32 / 128 (+ bias at 199) per shape
 
 
@@ -222,11 +206,10 @@ def test_streamk_linear_in_cuda_graph_on_gpu(m):
         pytest.skip("needs a CUDA GPU")
     import nvfp4_ops
     from nvfp4_ops.format import quantize as quantize_nvfp4
-    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
 
     n, k = 18432, 7168
-    bm = L.block_m_for_tokens(m)
-    assert L.choose_config(n, k, bm, "none", False, False, 1, wfrag=True, wperm=True).streamk
+    assert plan_linear(n, k, m, order=WeightOrder.WFRAG).streamk
     gen = torch.Generator(device="cuda").manual_seed(m)
     w, ws, wg = quantize_nvfp4(torch.randn(n, k, device="cuda", generator=gen))
     w = nvfp4_ops.to_wfrag_(w)
@@ -255,6 +238,7 @@ def test_streamk_chain_overlaps_and_reuses_counters_in_a_graph():
         pytest.skip("needs a CUDA GPU")
     import nvfp4_ops
     from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
     from nvfp4_ops.reference import linear_fp32
 
     gen = torch.Generator(device="cuda").manual_seed(15)
@@ -264,7 +248,7 @@ def test_streamk_chain_overlaps_and_reuses_counters_in_a_graph():
         s = (torch.rand(n, k // 16, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
         g = torch.rand(n, device="cuda", generator=gen) * 0.01 + 1e-3
         layers.append((w, nvfp4_ops.to_wfrag_(w.clone()), s, g))
-        assert L.linear_config(n, k, 16, wfrag=True).pdl
+        assert plan_linear(n, k, 16, order=WeightOrder.WFRAG).config.pdl
 
     def chain(x):
         ys = []

@@ -75,14 +75,27 @@ def test_lane_emulation_is_the_natural_dot_product():
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
-def _family_configs():
-    from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
+def _plan(n, k, bm, epilogue="none", has_bias=False, grouped=False, m_tiles=None,
+          kperm=False, wfrag=False):
+    """The dispatch's config (``wfrag``: on prepared weights, wfrag + wperm)."""
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_gemm
 
+    order = WeightOrder.WFRAG if wfrag else WeightOrder.CHECKPOINT
+    return plan_gemm(n, k, bm, epilogue=epilogue, has_bias=has_bias, grouped=grouped,
+                     m_tiles=m_tiles, permuted=kperm, order=order).config
+
+
+def _family(cfg) -> str:
+    from nvfp4_ops.kernels.dispatch import plan_of_config
+
+    return plan_of_config(cfg).family
+
+
+def _family_configs():
     return {
-        "stream": (w4a16_stream, w4a16_stream.choose_config(7168, 18432, 8), "mma.sync"),
-        "mma.sync": (w4a16_gemm, w4a16_gemm.choose_config(7168, 18432, 16), "mma.sync"),
-        "wgmma": (w4a16_wgmma, w4a16_wgmma.choose_config(7168, 18432, 128, m_tiles=1),
-                  "wgmma.mma_async"),
+        "stream": (_plan(7168, 18432, 8), "mma.sync"),
+        "mma.sync": (_plan(7168, 18432, 16), "mma.sync"),
+        "wgmma": (_plan(7168, 18432, 128, m_tiles=1), "wgmma.mma_async"),
     }
 
 
@@ -92,7 +105,7 @@ def test_wfrag_kernels_compile(family, tmp_path):
     with the same MMAs as the checkpoint-order build, two scales per decoded word and (streamed
     and ``mma.sync``: the activation pairs need no ``prmt`` any more) fewer ``prmt``."""
     pytest.importorskip("cutlass")
-    _, base, mma = _family_configs()[family]
+    base, mma = _family_configs()[family]
     counts = {}
     for name, repl in (("natural", {}), ("wf", {"wfrag": True}),
                        ("wpwf", {"wfrag": True, "wperm": True})):
@@ -108,17 +121,13 @@ def test_wfrag_kernels_compile(family, tmp_path):
 
 def test_wfrag_config_errors():
     pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
-
-    g = w4a16_gemm.choose_config(7168, 18432, 16)
+    g = _plan(7168, 18432, 16)
     with pytest.raises(ValueError, match="wperm needs wfrag"):
         dataclasses.replace(g, wperm=True)
-    with pytest.raises(ValueError, match="decode='shift'"):
-        dataclasses.replace(g, wfrag=True, decode="lut")
-    s = w4a16_stream.choose_config(4096, 4096, 8, "swiglu", False, True, kperm=True)
+    s = _plan(4096, 4096, 8, "swiglu", grouped=True, kperm=True)
     with pytest.raises(ValueError, match="excludes"):
         dataclasses.replace(s, wfrag=True)
-    wg = w4a16_wgmma.choose_config(4096, 4096, 16, "swiglu", False, True, kperm=True)
+    wg = _plan(4096, 4096, 16, "swiglu", grouped=True, kperm=True)
     with pytest.raises(ValueError, match="excludes"):
         dataclasses.replace(wg, wfrag=True)
 
@@ -135,13 +144,12 @@ NKS = [(7168, 18432), (18432, 7168), (4096, 4096)]
 
 
 def _base_config(family: str, n: int, k: int, m: int):
-    from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels.cute import w4a16_wgmma
+    from nvfp4_ops.kernels.dispatch import dense_block_m, plan_linear
 
-    bm = L.block_m_for_tokens(m)
     if family == "wgmma_r1":
-        return w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, bm, 1, 1, 4)
-    return L.linear_config(n, k, m)
+        return w4a16_wgmma.WgmmaConfig(n, k, "none", False, False, dense_block_m(m), 1, 1, 4)
+    return plan_linear(n, k, m).config
 
 
 def _triple(base):
@@ -175,6 +183,7 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import plan_of_config
 
     n, k = nk
     gen = torch.Generator(device="cuda").manual_seed(n + m)
@@ -185,15 +194,13 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     gv = L.per_row_global_view(wg, n)
     base = _base_config(family, n, k, m)
-    fam = L.config_family(base)
-    assert fam == {"stream": "w4a16_stream", "mma.sync": "w4a16_gemm"}.get(
-        family, "w4a16_wgmma")
+    assert _family(base) == {"stream": "stream", "mma.sync": "mma"}.get(family, "wgmma")
     w_f = F.to_wfrag(w)
     w_fp = W.to_wperm(w_f)
     outs = []
     for cfg, wt in zip(_triple(base), (w, w_f, w_fp), strict=True):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        L._launch(cfg, x, None, wt[None], ws[None], gv, out, None, None, None)
+        L.run_gemm(plan_of_config(cfg), x, wt, ws, gv, out)
         outs.append(out)
     ref, got, got_wp = (o.float() for o in outs)
     assert torch.isfinite(got).all() and torch.isfinite(got_wp).all()
@@ -202,15 +209,16 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nk,m,rows8", [((7168, 18432), 1, False), ((7168, 18432), 7, False),
-                                        ((18432, 7168), 1, False), ((4096, 4096), 3, True)])
-def test_stream_tma2d_bitwise_on_gpu(nk, m, rows8):
+@pytest.mark.parametrize("nk,m", [((7168, 18432), 1), ((7168, 18432), 7), ((18432, 7168), 1),
+                                  ((4096, 4096), 3)])
+def test_stream_tma2d_bitwise_on_gpu(nk, m):
     """The streamed kernel with ``tma2d`` (two TMA tensor copies per stage, column-grouped
     stage layout) on prepared weights: bitwise equal to the same config without it (the same
     MMAs in the same order), every element written (NaN-poisoned outputs)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import plan_of_config
 
     n, k = nk
     gen = torch.Generator(device="cuda").manual_seed(n + 3 * m)
@@ -220,13 +228,11 @@ def test_stream_tma2d_bitwise_on_gpu(nk, m, rows8):
         torch.float8_e4m3fn)
     gv = L.per_row_global_view(torch.rand(n, device="cuda", generator=gen) + 0.5, n)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    base = dataclasses.replace(
-        L.choose_config(n, k, 8, "none", False, False, 1, wfrag=True, wperm=True), rows8=rows8,
-        tma2d=False)
+    base = dataclasses.replace(_plan(n, k, 8, m_tiles=1, wfrag=True), tma2d=False)
     outs = []
     for cfg in (base, dataclasses.replace(base, tma2d=True)):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        L._launch(cfg, x, None, w[None], ws[None], gv, out, None, None, None)
+        L.run_gemm(plan_of_config(cfg), x, w, ws, gv, out)
         outs.append(out)
     assert torch.isfinite(outs[0]).all()
     assert torch.equal(outs[0], outs[1])
@@ -286,9 +292,9 @@ def test_linear_and_mlp_with_prepared_weights_are_exact_on_cpu():
 def test_dense_variants_include_the_prepared_order():
     """``precompile`` / ``warmup`` reach the ``wfrag`` + ``wperm`` twin of every dense config
     (the glue prepares dense weights on CUDA), and no grouped (MoE) config takes wfrag."""
-    from nvfp4_ops.kernels import linear_cuda
+    from nvfp4_ops import _warmup
 
-    variants = linear_cuda.variants_for_shapes(["v4-flash"])
+    variants = [p.config for p in _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash"]))]
     dense = [c for c in variants if not c.grouped]
     plain = {c.name for c in dense if not getattr(c, "wfrag", False)}
     twins = {c.name for c in dense if getattr(c, "wfrag", False)}
@@ -347,18 +353,14 @@ def test_wfrag_dispatch_stream_tma2d():
     other widths, checkpoint-order weights, the MLP's SwiGLU and grouped (MoE) tiles keep the
     per-row bulk copies."""
     pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels import linear_cuda as L
-
     for (n, k), want in ((7168, 18432), True), ((1536, 4096), True), ((2112, 4096), True), \
                         ((18432, 7168), False), ((4096, 4096), False), ((2128, 4096), False):
         for bias in (False, True):
-            cfg = L.choose_config(n, k, 8, "none", bias, False, 1, wfrag=True, wperm=True)
-            assert L.config_family(cfg) == "w4a16_stream" and cfg.wfrag
+            cfg = _plan(n, k, 8, has_bias=bias, m_tiles=1, wfrag=True)
+            assert _family(cfg) == "stream" and cfg.wfrag and cfg.wperm
             assert cfg.tma2d == want, (n, k, bias)
-        assert not L.choose_config(n, k, 8, "none", False, False, 1).tma2d
-    assert not L.choose_config(7168, 18432, 8, "swiglu", False, False, 1, wfrag=True).tma2d
-    grouped = L.choose_config(7168, 18432, 8, "none", False, True, 4, wfrag=True)
-    assert L.config_family(grouped) == "w4a16_stream" and not grouped.tma2d
+        assert not _plan(n, k, 8, m_tiles=1).tma2d
+    assert not _plan(7168, 18432, 8, "swiglu", m_tiles=1, wfrag=True).tma2d
 
 
 def test_wfrag_dispatch_small_tiles_by_width():
@@ -366,9 +368,10 @@ def test_wfrag_dispatch_small_tiles_by_width():
     >= 64 k tiles of 64 (bias allowed; 3 CTAs per SM; 4 stages of 128 k), else the
     one-warpgroup 6-stage tile once its 64-row blocks fill two waves of SMs (N >= 16896),
     ``mma.sync`` below that or on checkpoint-order weights. 128-token tiles: stream-K with two
-    row warpgroups up to two token tiles (8 stages of 64 k when K % 128 != 0)."""
+    row warpgroups up to two token tiles (K % 128 != 0 never gets here: the op runs the
+    reference)."""
     pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
 
     def tile(cfg):
         assert type(cfg).__name__ == "WgmmaConfig" and cfg.wfrag and cfg.wperm
@@ -377,28 +380,25 @@ def test_wfrag_dispatch_small_tiles_by_width():
     for bm in (16, 32):
         for n, k in ((18432, 7168), (7168, 18432)):
             for bias in (False, True):
-                cfg = L.choose_config(n, k, bm, "none", bias, False, 1, wfrag=True, wperm=True)
+                cfg = _plan(n, k, bm, has_bias=bias, m_tiles=1, wfrag=True)
                 assert tile(cfg) == (bm, 1, 1, 4, 3, 128) and cfg.has_bias == bias
         # too little K per CTA for stream-K: the wide tile, or mma.sync when narrow too
-        wide = L.choose_config(18432, 1024, bm, "none", False, False, 1, wfrag=True, wperm=True)
+        wide = _plan(18432, 1024, bm, m_tiles=1, wfrag=True)
         assert tile(wide) == (bm, 1, 1, 6, 0, 64)
         for args, wfrag in (((4096, 4096, bm, "none", False), True),
                             ((18432, 1024, bm, "none", True), True),
                             ((18432, 7168, bm, "none", False), False)):
-            cfg = L.choose_config(*args, False, 1, wfrag=wfrag)
+            cfg = _plan(*args[:3], has_bias=args[4], m_tiles=1, wfrag=wfrag)
             assert type(cfg).__name__ == "GemmConfig" and cfg.wfrag == wfrag
     for n, k in ((18432, 7168), (7168, 18432)):
         for m_tiles in (1, 2):
-            cfg = L.choose_config(n, k, 128, "none", False, False, m_tiles, wfrag=True,
-                                  wperm=True)
+            cfg = _plan(n, k, 128, m_tiles=m_tiles, wfrag=True)
             assert tile(cfg) == (128, 2, 1, 4, 1, 128)
-        assert L.choose_config(n, k, 128, "none", False, False, 3, wfrag=True).streamk == 0
-        assert L.choose_config(n, k, 128, "none", False, False, 1).streamk == 0
-    # K % 128 == 64: 64-k stages
-    odd = L.choose_config(18432, 7232, 128, "none", False, False, 1, wfrag=True, wperm=True)
-    assert tile(odd) == (128, 2, 1, 8, 1, 64)
-    assert L.choose_config(4096, 4096, 128, "none", False, False, 1, wfrag=True).streamk == 0
-    assert L.choose_config(18432, 7168, 128, "swiglu", False, False, 1, wfrag=True).streamk == 0
+        assert _plan(n, k, 128, m_tiles=3, wfrag=True).streamk == 0
+        assert _plan(n, k, 128, m_tiles=1).streamk == 0
+    assert plan_linear(18432, 7232, 128, order=WeightOrder.WFRAG) is None  # K % 128: reference
+    assert _plan(4096, 4096, 128, m_tiles=1, wfrag=True).streamk == 0
+    assert _plan(18432, 7168, 128, "swiglu", m_tiles=1, wfrag=True).streamk == 0
 
 
 @pytest.mark.gpu

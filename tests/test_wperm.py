@@ -75,13 +75,13 @@ def test_wperm_kernels_compile(family, tmp_path):
     for sm_90a; per decoded word the PTX has 13 shift / logic ops instead of 20 (ptxas fuses
     and/or pairs into LOP3: 11 SASS instructions instead of 16), and the same MMAs."""
     pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels.dispatch import plan_gemm
+
     if family == "stream":
-        from nvfp4_ops.kernels.cute import w4a16_stream as mod
-        base = mod.choose_config(7168, 18432, 8, "none", False, False)
+        base = plan_gemm(7168, 18432, 8).config
         mma = "mma.sync"
     else:
-        from nvfp4_ops.kernels.cute import w4a16_wgmma as mod
-        base = mod.choose_config(4096, 4096, 16, "swiglu", False, True, kperm=True)
+        base = plan_gemm(4096, 4096, 16, epilogue="swiglu", grouped=True, permuted=True).config
         mma = "wgmma.mma_async"
     counts = {}
     for wp in (False, True):
@@ -105,8 +105,9 @@ def test_wperm_kernels_compile(family, tmp_path):
 
 def test_wgmma_wperm_needs_kperm():
     pytest.importorskip("cutlass")
-    from nvfp4_ops.kernels.cute import w4a16_wgmma as mod
-    base = mod.choose_config(4096, 4096, 16, "swiglu", False, True, kperm=False)
+    from nvfp4_ops.kernels.dispatch import plan_gemm
+
+    base = plan_gemm(4096, 4096, 16, epilogue="swiglu", grouped=True).config
     with pytest.raises(ValueError, match="wperm needs kperm"):
         dataclasses.replace(base, wperm=True)
 
@@ -159,23 +160,23 @@ def test_wperm_dispatch():
     """Which configs read wperm: the MoE's GEMMs at V4 sizes at every tile; dense WGMMA and
     mma.sync configs refuse it; the compile set has a wperm twin of each MoE GEMM config."""
     pytest.importorskip("cutlass")
-    from nvfp4_ops import get_shape
-    from nvfp4_ops.kernels import linear_cuda as L
-    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops import _warmup, get_shape
+    from nvfp4_ops.kernels.dispatch import WeightOrder, moe_wperm_supported, plan_gemm
 
     for name in ("v4-flash", "v4-pro"):
         s = get_shape(name)
-        assert moe_cuda.wperm_supported(s.hidden, s.intermediate)
-    assert not moe_cuda.wperm_supported(256, 128)  # K % 256 at the 8-token tile: mma.sync
+        assert moe_wperm_supported(s.hidden, s.intermediate)
+    assert not moe_wperm_supported(256, 128)  # K % 256 at the 8-token tile: mma.sync
+    moe = dict(epilogue="swiglu", grouped=True, m_tiles=4, permuted=True, chained=True)
     for bm in (8, 16, 128):
-        cfg = L.choose_config(4096, 4096, bm, "swiglu", False, True, 4, True, True, True)
+        cfg = plan_gemm(4096, 4096, bm, order=WeightOrder.WPERM, **moe).config
         assert cfg.wperm and cfg.name.endswith("_wp_sm_90a")
-        assert cfg == dataclasses.replace(
-            L.choose_config(4096, 4096, bm, "swiglu", False, True, 4, True, True), wperm=True)
+        assert cfg == dataclasses.replace(plan_gemm(4096, 4096, bm, **moe).config, wperm=True)
     for bm in (16, 128):  # dense mma.sync (16) and WGMMA without kperm (128)
         with pytest.raises(ValueError, match="no kernel reads wperm"):
-            L.choose_config(4096, 4096, bm, "none", False, False, 1, False, False, True)
-    variants = {c.name: c for c in L.variants_for_shapes(["v4-flash"])}
+            plan_gemm(4096, 4096, bm, m_tiles=1, order=WeightOrder.WPERM)
+    plans = _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash"]))
+    variants = {p.config.name: p.config for p in plans}
     # grouped: a wperm twin of each MoE config; dense: wperm only with wfrag (_wp_wf_)
     wp = [n for n in variants if "_wp_" in n and "_wf_" not in n]
     assert wp and all(variants[n].grouped for n in wp)

@@ -27,12 +27,12 @@ def _compile_only(cfg) -> tuple[str, int]:
     from nvfp4_ops.kernels import linear_cuda
 
     before = _compile.compile_count()
-    linear_cuda.compiled_gemm(cfg)
+    linear_cuda.compiled(cfg)
     return cfg.name, _compile.compile_count() - before
 
 
 def compile_configs(configs, jobs: int, label: str = "worker") -> int:
-    """Compile ``configs`` (kernel configs of ``linear_cuda``) into the disk cache with ``jobs``
+    """Compile ``configs`` (kernel configs of any family) into the disk cache with ``jobs``
     spawned worker processes (no CUDA state is inherited), printing one progress line each;
     returns how many were compiled (not found on disk). The A/B scripts use it too."""
     import concurrent.futures
@@ -51,11 +51,17 @@ def compile_configs(configs, jobs: int, label: str = "worker") -> int:
     return compiled
 
 
+def _configs(shapes: list[str], include_moe: bool) -> list:
+    """Every kernel config the shapes' layers can reach (what :func:`nvfp4_ops.warmup` runs)."""
+    from nvfp4_ops import _warmup
+
+    layers = _warmup.layers_for_shapes(shapes, include_moe=include_moe)
+    return [plan.config for plan in _warmup.plans_for(layers)]
+
+
 def _compile_parallel(shapes: list[str], include_moe: bool, jobs: int) -> int:
     """:func:`compile_configs` over every variant of ``shapes``."""
-    from nvfp4_ops.kernels import linear_cuda
-
-    return compile_configs(linear_cuda.variants_for_shapes(shapes, include_moe=include_moe), jobs)
+    return compile_configs(_configs(shapes, include_moe), jobs)
 
 
 def main(argv: list[str]) -> int:
@@ -99,9 +105,7 @@ def main(argv: list[str]) -> int:
                   f"{' and running' if run else ''}", flush=True)
     names = nvfp4_ops.warmup(args.shape, run=run, include_moe=not args.no_moe,
                              progress=lambda line: print(line, flush=True))
-    from nvfp4_ops.kernels import linear_cuda
-
-    cute = len(linear_cuda.variants_for_shapes(args.shape, include_moe=not args.no_moe))
+    cute = len(_configs(args.shape, not args.no_moe))
     compiled = _compile.compile_count() + worker_compiles
     triton = f", {len(names) - cute} Triton MoE kernels run" if len(names) > cute else ""
     print(f"precompile: {cute} CuTeDSL variants ready ({compiled} compiled, "

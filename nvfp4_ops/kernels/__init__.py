@@ -1,27 +1,27 @@
-"""GPU kernels, one folder per backend (``cute/`` CuTeDSL, ``triton/`` Triton).
+"""GPU kernels and their torch-side launchers.
 
-Nothing here is imported when ``nvfp4_ops`` is imported: the ops look their CUDA kernel up
-lazily with :func:`cuda_kernel` on the first CUDA call, so importing the package never pulls
-in CuTeDSL and never initialises CUDA.
+Layout, from the ops down: ``linear_cuda`` / ``moe_cuda`` (the CUDA implementations of the
+ops and the one GEMM launcher), ``dispatch`` (the policy: sizes -> plan), then the kernels
+themselves (``cute/`` CuTeDSL, ``triton/`` Triton) and the weight / activation orders they
+read (``wperm``, ``wfrag``, ``kperm``).
+
+Nothing here is imported when ``nvfp4_ops`` is imported: the ops ask :func:`cuda_kernel` for
+their CUDA implementation on the first CUDA call, so importing the package never pulls in
+CuTeDSL or Triton and never initialises CUDA.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["CUDA_KERNELS", "cuda_kernel", "describe", "forced_reference"]
+__all__ = ["CUDA_OPS", "cuda_kernel", "describe", "forced_reference"]
 
-#: op name -> "module:function" of its CUDA implementation. An op missing here runs its
-#: pure-torch reference on the GPU (exact but slow, and not CUDA-graph safe for ``moe``).
-CUDA_KERNELS: dict[str, str] = {
-    "linear": "nvfp4_ops.kernels.linear_cuda:linear",
-    "mlp": "nvfp4_ops.kernels.linear_cuda:mlp",
-    "moe": "nvfp4_ops.kernels.moe_cuda:moe_cuda",
-}
+#: the ops that have a CUDA implementation (:func:`cuda_kernel`); the others run their
+#: pure-torch reference on the GPU
+CUDA_OPS = ("linear", "mlp", "moe")
 
 
 def forced_reference() -> bool:
@@ -30,11 +30,17 @@ def forced_reference() -> bool:
 
 
 def cuda_kernel(op: str) -> Callable | None:
-    """The CUDA implementation of ``op``, or None when it has none (or the reference is forced)."""
-    if forced_reference() or op not in CUDA_KERNELS:
+    """The CUDA implementation of ``op``, or None when it has none (or the reference is
+    forced). Imported on first use: loading it imports CuTeDSL and Triton."""
+    if forced_reference() or op not in CUDA_OPS:
         return None
-    module, fn = CUDA_KERNELS[op].split(":")
-    return getattr(importlib.import_module(module), fn)
+    if op == "moe":
+        from nvfp4_ops.kernels.moe_cuda import moe_cuda
+
+        return moe_cuda
+    from nvfp4_ops.kernels import linear_cuda
+
+    return linear_cuda.linear if op == "linear" else linear_cuda.mlp
 
 
 def describe(op: str, device: torch.device | str) -> str:
@@ -43,6 +49,7 @@ def describe(op: str, device: torch.device | str) -> str:
         return "CPU reference (pure torch)"
     if forced_reference():
         return "reference on GPU (NVFP4_OPS_BACKEND=reference)"
-    if op not in CUDA_KERNELS:
-        return "reference on GPU (no CUDA kernel yet)"
-    return f"CUDA kernel {CUDA_KERNELS[op]}"
+    if op not in CUDA_OPS:
+        return "reference on GPU (no CUDA kernel)"
+    where = "moe_cuda.moe_cuda" if op == "moe" else f"linear_cuda.{op}"
+    return f"CUDA kernel nvfp4_ops.kernels.{where}"

@@ -25,10 +25,9 @@ linears (user activations) keep the natural order. Three layouts (:data:`LAYOUTS
   8 k is already the 4 registers ``b_j = (p + j, p + j + 4)``, instead of 4 ``prmt`` per
   (16-byte load, token tile) in the natural order.
 
-Which permuted order a grouped token tile's family reads is the dispatch's to say
-(:func:`nvfp4_ops.kernels.linear_cuda.grouped_layout`; the MoE asks for it with one flag,
-``kperm``: "the permuted order of my tile's family";
-:func:`nvfp4_ops.kernels.linear_cuda.grouped_kperm` says when both GEMMs have one).
+Which order the MoE's activations take is the dispatch's to say (a
+:class:`nvfp4_ops.kernels.dispatch.MoEPlan`'s ``act_order``: the permuted order of the tile's
+family when both GEMMs have one, else natural).
 A SwiGLU epilogue writes output feature ``f`` at the column :func:`stored_column` gives.
 """
 

@@ -1,7 +1,7 @@
 """``nvfp4::linear``: ``y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias)``, W4A16.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.linear_reference`).
-CUDA: the kernel registered in :data:`nvfp4_ops.kernels.CUDA_KERNELS` under ``"linear"``;
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"linear"``;
 until one is registered, the same reference runs on the GPU.
 """
 

@@ -4,7 +4,7 @@
 halves of ``w13``, each with its own global scale.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.mlp_reference`).
-CUDA: the kernel registered under ``"mlp"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`;
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"mlp"``;
 until one is registered, the same reference runs on the GPU.
 """
 
@@ -77,9 +77,10 @@ def mlp(
         x: ``bf16 [M, H]``, ``H % 32 == 0``.
         w13: ``uint8 [2I, H/2]``: gate rows ``[0, I)`` then up rows ``[I, 2I)``; ``I % 32 == 0``.
         w13_scale: ``float8_e4m3fn [2I, H/16]`` (or its bytes as ``uint8``).
-        w13_global: ``float32 [2]`` = (gate, up) global scales, applied separately.
+        w13_global: ``float32 [2]`` = (gate, up) global scales, applied separately, or
+            ``[2I]``: one per row.
         w2: ``uint8 [H, I/2]``; w2_scale: ``float8_e4m3fn [H, I/16]`` (or its bytes as
-            ``uint8``); w2_global: fp32 ``[]``.
+            ``uint8``); w2_global: fp32 ``[]`` or ``[H]`` (one per row).
         swiglu_limit: ``L`` in ``silu(min(gate, L)) * clamp(up, -L, L)``; None for no clamp.
         wfrag: ``w13`` and ``w2`` were prepared by :func:`nvfp4_ops.to_wfrag_` (see
             :func:`nvfp4_ops.linear`).

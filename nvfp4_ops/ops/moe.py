@@ -4,7 +4,7 @@
 with ``expert(e)(x) = down_e(silu(min(gate_e(x), L)) * clamp(up_e(x), -L, L))``.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.moe_reference`).
-CUDA: the kernel registered under ``"moe"`` in :data:`nvfp4_ops.kernels.CUDA_KERNELS`;
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"``;
 until one is registered the reference runs on the GPU, which syncs with the host per expert
 and so must not be captured in a CUDA graph.
 """
@@ -112,10 +112,11 @@ def moe(
         topk_weights: ``float32 [T, k]`` router weights.
         w13: ``uint8 [E, 2I, H/2]`` (per expert: gate rows, then up rows); ``I % 32 == 0``.
         w13_scale: ``float8_e4m3fn [E, 2I, H/16]`` (or its bytes as ``uint8``).
-        w13_global: ``float32 [E, 2]``: (gate, up) global scales, applied separately.
+        w13_global: ``float32 [E, 2]``: (gate, up) global scales, applied separately; or
+            ``[E, 2I]``: one per row (what :func:`nvfp4_ops.mxfp4_to_nvfp4` produces).
         w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes
             as ``uint8``);
-            w2_global: ``float32 [E]``.
+            w2_global: ``float32 [E]``, or ``[E, H]``: one per row.
         expert_start: the first global id this rank owns; ids outside
             ``[expert_start, expert_start + E)`` contribute nothing here.
         global_num_experts: total experts over all ranks, for the id range check; -1 when
@@ -126,7 +127,7 @@ def moe(
         wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
             (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
             decode with fewer instructions; on CUDA this needs
-            :func:`nvfp4_ops.kernels.moe_cuda.wperm_supported` (V4-Flash and V4-Pro: yes).
+            :func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported` (V4-Flash and V4-Pro: yes).
 
     Returns:
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.

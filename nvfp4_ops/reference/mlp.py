@@ -31,10 +31,13 @@ def gate_up_activation(
     """The bf16 activation ``h [M, I]`` that feeds the down projection.
 
     ``w13`` is ``uint8 [2I, H/2]`` (gate rows, then up rows), ``w13_scale`` e4m3
-    ``[2I, H/16]``, ``w13_global`` fp32 ``[2]`` = (gate, up): each half keeps its own scale.
+    ``[2I, H/16]``, ``w13_global`` fp32 ``[2]`` = (gate, up), each half keeping its own scale,
+    or ``[2I]``, one scale per row (what an exact MXFP4 conversion produces).
     """
     inter = w13.shape[0] // 2
-    row_global = w13_global.float().repeat_interleave(inter)  # [2I]
+    row_global = w13_global.float()
+    if row_global.shape[-1] == 2:
+        row_global = row_global.repeat_interleave(inter)  # [2I]
     gate_up = linear_fp32(x, w13, w13_scale, row_global)
     return clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], swiglu_limit).to(
         torch.bfloat16
@@ -57,7 +60,8 @@ def mlp_reference(
     Args:
         x: ``bf16 [M, H]``.
         w13 / w13_scale / w13_global: gate+up, see :func:`gate_up_activation`.
-        w2: ``uint8 [H, I/2]``; w2_scale: e4m3 ``[H, I/16]``; w2_global: fp32 ``[]``.
+        w2: ``uint8 [H, I/2]``; w2_scale: e4m3 ``[H, I/16]``; w2_global: fp32 ``[]`` or
+            ``[H]`` (per row).
         swiglu_limit: ``L`` or None.
         wfrag: ``w13`` / ``w2`` are in the prepared order of
             :func:`nvfp4_ops.kernels.wfrag.prepare_` (undone here, exactly).

@@ -32,8 +32,9 @@ def moe_reference(
             ``[expert_start, expert_start + E)`` belong to another rank and contribute 0.
         topk_weights: ``float32 [T, k]``.
         w13: ``uint8 [E, 2I, H/2]`` (gate rows then up rows); w13_scale e4m3 ``[E, 2I, H/16]``;
-            w13_global fp32 ``[E, 2]`` (gate, up).
-        w2: ``uint8 [E, H, I/2]``; w2_scale e4m3 ``[E, H, I/16]``; w2_global fp32 ``[E]``.
+            w13_global fp32 ``[E, 2]`` (gate, up) or ``[E, 2I]`` (per row).
+        w2: ``uint8 [E, H, I/2]``; w2_scale e4m3 ``[E, H, I/16]``; w2_global fp32 ``[E]`` or
+            ``[E, H]`` (per row).
         expert_start: first global id owned here.
         swiglu_limit: ``L`` or None.
         output_scale: multiplier on the sum (routed_scaling_factor).

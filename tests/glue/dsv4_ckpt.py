@@ -1,10 +1,14 @@
 """A tiny DeepSeek-V4 config and synthetic NVFP4 checkpoints, written the way real exports are,
 plus an independent fp32 reference of one layer's ``ffn`` computed from the checkpoint tensors.
 
-Two quantization families:
+Three quantization families:
 
 * ``"fp8"``: ``quant_method: fp8`` + ``moe_quant_algo: NVFP4`` (the official NVIDIA exports):
   routed experts NVFP4, shared experts block-FP8 (e4m3 weights, ue8m0 128x128 scales);
+* ``"mxfp4"``: DeepSeek's own releases: ``quant_method: fp8`` with block-FP8 128x128 ue8m0
+  scales and ``expert_dtype: "fp4"``, no ``moe_quant_algo``; routed experts MXFP4 stored as
+  DeepSeek does (``...experts.E.wN.weight`` int8 ``[N, K/2]``, ``...wN.scale`` float8_e8m0fnu
+  ``[N, K/32]``), shared experts block-FP8;
 * ``"modelopt"``: ``quant_method: modelopt`` + ``quant_algo: NVFP4`` with an
   ``hf_quant_config.json``: routed *and* shared experts NVFP4, attention excluded.
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save_file
 
-from nvfp4_ops.format import quantize
+from nvfp4_ops.format import mxfp4_quantize, quantize
 
 HIDDEN = 256
 MOE_INTER = 128  # shared expert too (n_shared_experts=1); block-FP8 pads it to 128s
@@ -62,6 +66,13 @@ def config_dict(family: str, naming: str = "native", quant_algo: str = "NVFP4") 
         cfg["quantization_config"] = {
             "quant_method": "fp8", "moe_quant_algo": "NVFP4", "activation_scheme": "dynamic",
             "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
+        }
+    elif family == "mxfp4":
+        # As DeepSeek's DeepSeek-V4 config.json has it.
+        cfg["expert_dtype"] = "fp4"
+        cfg["quantization_config"] = {
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
         }
     elif family == "modelopt":
         # ModelOpt writes its settings both here and to hf_quant_config.json; vLLM reads this.
@@ -101,6 +112,36 @@ def nvfp4_proj(out_f: int, in_f: int, gen: torch.Generator, std: float,
     return Nvfp4Proj(packed, scale, gs.reshape(()).clone(), torch.tensor(0.01 + 0.001 * out_f))
 
 
+@dataclass
+class Mxfp4Proj:
+    weight: torch.Tensor  # int8 [N, K/2] (DeepSeek stores the packed codes as int8)
+    scale: torch.Tensor  # float8_e8m0fnu [N, K/32]
+
+
+def mxfp4_proj(out_f: int, in_f: int, gen: torch.Generator, std: float,
+               row_binades: int = 0, block_binades: int = 0) -> Mxfp4Proj:
+    """Gaussian weights times 2^-r per row (r < ``row_binades``) and 2^-b per 32-block
+    (b < ``block_binades``), quantized to MXFP4: the block exponents of one tensor then spread
+    over about ``row_binades + block_binades`` binades."""
+    w = torch.randn(out_f, in_f, generator=gen) * std
+    r = torch.randint(0, max(row_binades, 1), (out_f, 1, 1), generator=gen).float()
+    b = torch.randint(0, max(block_binades, 1), (out_f, in_f // 32, 1), generator=gen).float()
+    w = (w.reshape(out_f, in_f // 32, 32) * torch.exp2(-r - b)).reshape(out_f, in_f)
+    packed, scale = mxfp4_quantize(w)
+    return Mxfp4Proj(packed.view(torch.int8), scale.view(torch.float8_e8m0fnu))
+
+
+def dequant_mxfp4(p: Mxfp4Proj) -> torch.Tensor:
+    """Independent MXFP4 dequantization (own LUT, own nibble order, scale from its exponent
+    byte with ldexp): fp32 ``[N, K]``."""
+    lut = torch.tensor(_E2M1 + tuple(-v for v in _E2M1))
+    codes = p.weight.view(torch.uint8)
+    lo, hi = (codes & 0xF).long(), (codes >> 4).long()
+    vals = torch.stack((lut[lo], lut[hi]), dim=-1).reshape(codes.shape[0], -1)
+    exps = p.scale.view(torch.uint8).int() - 127
+    return torch.ldexp(vals, exps.repeat_interleave(32, dim=1).float())
+
+
 def fp8_block_proj(out_f: int, in_f: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """Block-FP8 weight (e4m3) and its ue8m0 128x128 scales, as DeepSeek stores them."""
     nb, kb = math.ceil(out_f / 128), math.ceil(in_f / 128)
@@ -126,7 +167,10 @@ class Checkpoint:
     """Synthetic checkpoint tensors (by native role) plus the writer for both naming styles."""
 
     def __init__(self, family: str, seed: int, gate_up_ratio: float = 4.0,
-                 quant_algo: str = "NVFP4"):
+                 quant_algo: str = "NVFP4", row_binades: int = 14, block_binades: int = 8):
+        """``row_binades`` / ``block_binades``: the MXFP4 family's exponent spread (see
+        :func:`mxfp4_proj`); the defaults spread each expert tensor over >= 20 binades while
+        every row stays within the 18 that one NVFP4 global scale per row holds."""
         self.family = family
         self.quant_algo = quant_algo  # ModelOpt family: "NVFP4" (W4A4) or "W4A16_NVFP4"
         gen = torch.Generator().manual_seed(seed)
@@ -141,7 +185,7 @@ class Checkpoint:
             else:
                 entry["bias"] = torch.randn(EXPERTS, generator=gen) * 0.1
             experts = []
-            for _ in range(EXPERTS):
+            for _ in range(EXPERTS if family != "mxfp4" else 0):
                 # The up projection: values and global scale exactly gate_up_ratio x the gate's.
                 w1 = nvfp4_proj(MOE_INTER, HIDDEN, gen, 0.06)
                 experts.append({
@@ -150,8 +194,15 @@ class Checkpoint:
                                      w1.weight_scale_2 * gate_up_ratio),
                     "w2": nvfp4_proj(HIDDEN, MOE_INTER, gen, 0.05),
                 })
+            if family == "mxfp4":
+                spread = dict(row_binades=row_binades, block_binades=block_binades)
+                experts = [{"w1": mxfp4_proj(MOE_INTER, HIDDEN, gen, 0.06, **spread),
+                            "w3": mxfp4_proj(MOE_INTER, HIDDEN, gen, 0.06 * gate_up_ratio,
+                                             **spread),
+                            "w2": mxfp4_proj(HIDDEN, MOE_INTER, gen, 0.05, **spread)}
+                           for _ in range(EXPERTS)]
             entry["experts"] = experts
-            if family == "fp8":
+            if family in ("fp8", "mxfp4"):
                 entry["shared"] = {
                     "w1": fp8_block_proj(MOE_INTER, HIDDEN, gen),
                     "w3": fp8_block_proj(MOE_INTER, HIDDEN, gen),
@@ -183,13 +234,17 @@ class Checkpoint:
             for e, ex in enumerate(entry["experts"]):
                 for w, p in ex.items():
                     base = f"{ffn}.experts.{e}.{proj[w] if hf else w}"
+                    if isinstance(p, Mxfp4Proj):
+                        out[f"{base}.weight"] = p.weight
+                        out[f"{base}.scale"] = p.scale
+                        continue
                     out[f"{base}.weight"] = p.weight
                     out[f"{base}.weight_scale"] = p.weight_scale
                     out[f"{base}.weight_scale_2"] = p.weight_scale_2
                     out[f"{base}.input_scale"] = p.input_scale
             for w, p in entry["shared"].items():
                 base = f"{ffn}.shared_experts.{proj[w] if hf else w}"
-                if self.family == "fp8":
+                if self.family in ("fp8", "mxfp4"):
                     out[f"{base}.weight"] = p[0]
                     out[f"{base}.{'weight_scale_inv' if hf else 'scale'}"] = p[1]
                 else:
@@ -249,16 +304,22 @@ class Checkpoint:
                     up = Nvfp4Proj(up.weight, up.weight_scale, ex["w1"].weight_scale_2,
                                    up.input_scale)
                 out[t] += weights[t, j] * _swiglu_mlp(x[t : t + 1].float(),
-                                                      dequant_nvfp4(ex["w1"]),
-                                                      dequant_nvfp4(up),
-                                                      dequant_nvfp4(ex["w2"]),
+                                                      dequant(ex["w1"]),
+                                                      dequant(up),
+                                                      dequant(ex["w2"]),
                                                       bf16_activation)[0]
         return out
 
     def shared_reference(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         sh = self.layers[layer]["shared"]
-        deq = (lambda p: dequant_fp8_block(*p)) if self.family == "fp8" else dequant_nvfp4
+        deq = ((lambda p: dequant_fp8_block(*p)) if self.family in ("fp8", "mxfp4")
+               else dequant_nvfp4)
         return _swiglu_mlp(x.float(), deq(sh["w1"]), deq(sh["w3"]), deq(sh["w2"]))
+
+
+def dequant(p) -> torch.Tensor:
+    """A routed expert projection of either format, dequantized independently to fp32."""
+    return dequant_mxfp4(p) if isinstance(p, Mxfp4Proj) else dequant_nvfp4(p)
 
 
 def _swiglu_mlp(x, w1, w3, w2, bf16_activation=False):

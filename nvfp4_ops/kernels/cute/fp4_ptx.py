@@ -20,7 +20,6 @@ __all__ = [
     "bf16x2_halves",
     "decode_reg_pair4",
     "decode_reg_wperm",
-    "decode_word_lut",
     "decode_word_pair4",
     "decode_word_pair4_2s",
     "decode_word_shift",
@@ -33,14 +32,8 @@ __all__ = [
     "ld_v4_at",
     "mma_m16n8k16",
     "scale_pair_pre",
-    "scales_to_bf16x2",
     "scales_to_bf16x2_pre",
 ]
-
-# bf16 bytes of the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, as prmt tables (entry j = byte j)
-_LUT_LO_A, _LUT_LO_B = 0xC0800000, 0xC0804000
-_LUT_HI_A, _LUT_HI_B = 0x3F3F3F00, 0x40404040
-
 
 @cute.jit
 def ld_v4(addr: Int64):
@@ -112,16 +105,6 @@ def bf16x2_halves(word: Int32):
     )
 
 
-@cute.jit
-def scales_to_bf16x2(two_scales: Int32):
-    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice).
-
-    e4m3 -> f16 -> f32 -> bf16 is exact at every step (e4m3 values are representable in all).
-    """
-    return inline_ptx(_pair_ptx("", True), write_only_types=[Int32, Int32],
-                      read_only_args=[two_scales])
-
-
 def ld_v4_at(addr: Int64, offset: int):
     """16-byte read-only global load at ``addr + offset`` (static byte offset, 16-B aligned)."""
     return inline_ptx(
@@ -150,7 +133,8 @@ def ld_u16_at(addr: Int64, offset: int):
 
 
 def scales_to_bf16x2_pre(two_scales: Int32):
-    """Like :func:`scales_to_bf16x2`, times 2^119 (for the ``shift`` decoder).
+    """Two e4m3 bytes (low 16 bits) -> (bf16x2 of scale 0 twice, bf16x2 of scale 1 twice),
+    times 2^119 (for the ``shift`` decoder). e4m3 -> f16 -> f32 -> bf16 is exact at every step.
 
     ``scale * 2^119`` is exact in bf16 (e4m3 max 448 < 2^9, so < 2^128; the smallest e4m3,
     2^-9, is a normal bf16, and a power-of-two product of normals stays exact).
@@ -192,60 +176,6 @@ def decode_word_shift(word: Int32, scale2: Int32):
             f"mul.rn.bf16x2 {{$w{j}}}, r, {{$r1}};\n",
         ]
     return _decoder_call(body, word, scale2)
-
-
-@cute.jit
-def decode_word_lut(word: Int32, scale2: Int32):
-    """8 e2m1 codes (one u32, code j in nibble j) -> 4 bf16x2 pairs (codes 2j, 2j+1) * scale.
-
-    Magnitude via two prmt table lookups (low byte, high byte of the bf16), interleaved by a
-    third prmt; the sign of code 2j / 2j+1 (bit 8j+3 / 8j+7 of the word) is moved to bit 15 / 31
-    by a prmt of (signs << 4, signs). The final bf16x2 multiply by the block scale is exact.
-    """
-    return inline_ptx(
-        "{\n"
-        ".reg .b32 la, lb, ha, hb, sl, sh, l0, h0, l1, h1, sg, sg4, t, p;\n"
-        f"mov.b32 la, {_LUT_LO_A};\n"
-        f"mov.b32 lb, {_LUT_LO_B};\n"
-        f"mov.b32 ha, {_LUT_HI_A};\n"
-        f"mov.b32 hb, {_LUT_HI_B};\n"
-        "and.b32 sl, {$r0}, 0x7777;\n"
-        "shr.b32 sh, {$r0}, 16;\n"
-        "and.b32 sh, sh, 0x7777;\n"
-        "prmt.b32 l0, la, lb, sl;\n"
-        "prmt.b32 h0, ha, hb, sl;\n"
-        "prmt.b32 l1, la, lb, sh;\n"
-        "prmt.b32 h1, ha, hb, sh;\n"
-        "and.b32 sg, {$r0}, 0x88888888;\n"
-        "shl.b32 sg4, sg, 4;\n"
-        # pair 0: codes 0, 1 (byte 0 of the word)
-        "prmt.b32 p, l0, h0, 0x5140;\n"
-        "prmt.b32 t, sg4, sg, 0x4000;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w0}, p, {$r1};\n"
-        # pair 1: codes 2, 3 (byte 1)
-        "prmt.b32 p, l0, h0, 0x7362;\n"
-        "prmt.b32 t, sg4, sg, 0x5010;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w1}, p, {$r1};\n"
-        # pair 2: codes 4, 5 (byte 2)
-        "prmt.b32 p, l1, h1, 0x5140;\n"
-        "prmt.b32 t, sg4, sg, 0x6020;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w2}, p, {$r1};\n"
-        # pair 3: codes 6, 7 (byte 3)
-        "prmt.b32 p, l1, h1, 0x7362;\n"
-        "prmt.b32 t, sg4, sg, 0x7030;\n"
-        "and.b32 t, t, 0x80008000;\n"
-        "or.b32 p, p, t;\n"
-        "mul.rn.bf16x2 {$w3}, p, {$r1};\n"
-        "}",
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[word, scale2],
-    )
 
 
 @cute.jit

@@ -207,8 +207,8 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
         cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=scale_align
     )
     halves = global_halves(cfg.epilogue)
-    # dynamic strides: tvm-ffi then takes stride-0 (expanded) views exactly (H200 probe,
-    # benchmarks/dev_balance.py, 2026-12-01), so no caller expands a scalar per call
+    # dynamic strides: tvm-ffi then takes stride-0 (expanded) views exactly, so no caller
+    # expands a scalar scale per call
     w_global = make_fake_tensor(Float32, (sym(), halves, n // halves), (sym(), sym(), sym()))
     out = make_fake_compact_tensor(BFloat16, (sym(), cfg.n_out), stride_order=row_major2)
     tile_expert = make_fake_compact_tensor(Int32, (sym(),))

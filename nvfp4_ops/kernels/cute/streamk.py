@@ -4,20 +4,20 @@ fix-up of partial tiles. CuTeDSL, inlined while a kernel is traced.
 Why: a dense layer has few output tiles for the SMs. At M = 128, (18432, 7168) has 96 tiles of
 three row warpgroups (36 of 132 SMs idle) or 144 of two (two waves); at 16 tokens,
 (7168, 18432) has 112 one-warpgroup tiles. Splitting the K loop of every tile evenly over the
-CTAs gives each SM the same work (H200 numbers: ``linear_cuda._streamk_tile``). The streamed
-(M <= 8) kernel gained nothing from it (benchmarks/results/h200_2026-12-01_s9/sk_stream/).
+CTAs gives each SM the same work (``nvfp4_ops/kernels/DESIGN.md``, "Stream-K").
 
 Work split. An output tile ("item": feature tile x token tile, item ``i`` = feature tile
-``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (ring stages of 64 or
-128 k). The ``units = items * U`` pairs (item, unit), item-major, are cut into ``G``
-contiguous ranges (``G`` = the grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1)
-units / G))`` (:func:`span`), item after item, with one pipeline that runs on across them.
+``i % n_tiles``, token tile ``i // n_tiles``) needs ``U`` K units (ring stages of 128 k).
+The ``units = items * U`` pairs (item, unit), item-major, are cut into ``G`` contiguous
+ranges (``G`` = the grid): CTA ``b`` takes ``[floor(b units / G), floor((b + 1) units / G))``
+(:func:`span`), item after item, with one pipeline that runs on across them.
 Besides whole items, a CTA therefore holds a *piece* of at most two items that it does not
 finish alone: its first (the item began in an earlier CTA) and its last (it goes on in later
 ones).
 
 Fix-up (deterministic, no waiting). Every piece of an unfinished item is parked in the
-scratch, then counted in the item's counter (an atomic add after a GPU-scope fence). The CTA
+scratch, then counted in the item's counter (one acquire-release atomic by thread 0 between
+two CTA barriers). The CTA
 that brings the count to the number of pieces sums all of them, its own included, in CTA
 order (= K order), writes the output and resets the counter to zero. No CTA waits for
 another, so no co-residency is assumed, and the sum does not depend on arrival order. The
@@ -36,14 +36,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.arch import inline_ptx
 
-__all__ = ["atom_add_acq_rel_u32", "atom_add_u32", "item_owners", "park", "span",
-           "st_global_u32", "sum_pieces"]
-
-
-def atom_add_u32(addr: Int64, value: int):
-    """Atomic ``*addr += value`` on a global u32 (relaxed, GPU scope); returns the old value."""
-    return inline_ptx(f"atom.global.add.u32 {{$w0}}, [{{$r0}}], {value};",
-                      write_only_types=[Int32], read_only_args=[addr])
+__all__ = ["atom_add_acq_rel_u32", "item_owners", "park", "span", "st_global_u32",
+           "sum_pieces"]
 
 
 def atom_add_acq_rel_u32(addr: Int64, value: int):

@@ -3,9 +3,9 @@
 ``out[p, n] = epilogue(sum_k a[p, k] * e2m1[g, n, k] * block_scale[g, n, k//16] * global[g, n])``
 for every token row ``p`` of an m-tile whose group (expert) is ``g``.
 
-Interface (the contract shared with the MoE helper; the torch-side entry point is
-:func:`nvfp4_ops.kernels.linear_cuda.grouped_w4a16_gemm`, this module only holds the CuTeDSL
-kernel and its compile-time configuration):
+Interface (shared by every kernel family; the torch-side launcher is
+:func:`nvfp4_ops.kernels.linear_cuda.run_gemm`, this module only holds the CuTeDSL kernel and
+its compile-time configuration):
 
 * ``a``: bf16 ``[P, K]`` contiguous, rows grouped by expert; ``P`` is symbolic (one binary
   serves every token count).
@@ -34,14 +34,13 @@ Weights are the MMA's A operand (rows = output features, the M side of ``mma.syn
 and tokens are the B operand (the N side, 8 tokens per MMA), so a decode batch of 1-16 tokens
 costs 1-2 MMA columns instead of a 64-row tile.
 
-FP4 decode happens in registers. Default (``decode="shift"``): for the pair of codes in byte
-j of a u32 word, one ``prmt`` puts the even code in bits 12-15 and the odd code in bits 28-31;
-the sign bits stay, the 3 magnitude bits move right by 6 into the low exponent bits + top
-mantissa bit, giving exactly ``e2m1 * 2^-126`` per bf16 (0.5 is a bf16 subnormal); one bf16x2
-multiply by ``block_scale * 2^119`` (exact in bf16) yields ``e2m1 * block_scale * 2^-7``, and the
-epilogue scales the fp32 accumulator by 2^7 (exact). ~5 instructions per pair instead of ~7 for
-the first decoder (``decode="lut"``: two ``prmt`` table lookups for the bf16 bytes of
-{0, .5, 1, 1.5, 2, 3, 4, 6} plus a sign ``prmt``), which is kept for comparison sweeps.
+FP4 decode happens in registers (the ``shift`` decoder): for the pair of codes in byte j of a
+u32 word, one ``prmt`` puts the even code in bits 12-15 and the odd code in bits 28-31; the
+sign bits stay, the 3 magnitude bits move right by 6 into the low exponent bits + top mantissa
+bit, giving exactly ``e2m1 * 2^-126`` per bf16 (0.5 is a bf16 subnormal); one bf16x2 multiply
+by ``block_scale * 2^119`` (exact in bf16) yields ``e2m1 * block_scale * 2^-7``, and the
+epilogue scales the fp32 accumulator by 2^7 (exact). About 5 instructions per pair, which
+matters: the decode kernels are limited by the instructions their warps issue.
 e2m1 (2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit significand, so
 the MMA sees exactly ``e2m1 * block_scale`` (times a power of two). The MMA accumulates in fp32;
 the per-row global scale (and bias, SwiGLU, router weight) is applied to the fp32 accumulator in
@@ -64,17 +63,9 @@ Weights stream through a per-lane register ring of ``stages`` 128-k steps with s
 (the k loop is unrolled by ``stages``; no register copies), 16-byte loads at static offsets
 from one 64-bit base per lane.
 
-Measured on H200 (benchmarks/results/linear_sweep_ring_h200.json, CUDA-graph replay, cold L2):
-at (N, K) = (7168, 18432) M=1 36.1 us (2.06 TB/s; the ``lut`` decoder 39.3 us in the same run,
-bf16 matmul ~68 us), M=16 42.8 us; at (18432, 7168) M=1 38.3 us, M=16 49.5 us. Deeper rings
-(3/4/6 stages) and one row group per warp were slower (more registers, fewer resident warps),
-so the decode loop is issue/occupancy-bound, not short of loads in flight. Its 64-token tile
-reaches only ~180 TFLOP/s (x fragments re-read from L1 per warp).
-
-Role in the dispatch (``nvfp4_ops.kernels.linear_cuda._family``): dense tiles of 16-32 tokens,
-where it beat the streamed kernel (``w4a16_stream``: 0.8-0.9x of this one there), and the
-fallback for every shape the other families do not cover. 8-token tiles go to ``w4a16_stream``,
-larger ones to ``w4a16_wgmma``.
+Role in the dispatch (:mod:`nvfp4_ops.kernels.dispatch`): dense tiles of 16-32 tokens and the
+fallback for every shape the other families do not cover; it covers every ``N_out % 16``,
+``K % 128`` problem.
 """
 
 from __future__ import annotations
@@ -89,12 +80,10 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_reg_pair4,
     decode_reg_wperm,
-    decode_word_lut,
     decode_word_shift,
     ld_u16_at,
     ld_v4_at,
     mma_m16n8k16,
-    scales_to_bf16x2,
     scales_to_bf16x2_pre,
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
@@ -105,11 +94,9 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     epilogue_value,
 )
 
-__all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "choose_config"]
+__all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "compile_gemm",
+           "supported"]
 
-#: FP4 decoders: ``shift`` (bit moves, weights pre-scaled by 2^-7, undone in the epilogue) or
-#: ``lut`` (byte-permute table lookups, the first version; kept for comparison sweeps).
-DECODES = ("shift", "lut")
 #: token tile sizes (``block_m``) a binary can be compiled for; the MoE routing pads each
 #: expert segment to a multiple of the one it uses.
 BLOCK_MS = (8, 16, 32, 64)
@@ -131,7 +118,6 @@ class GemmConfig(GemmProblem):
     warps_k: int = 8
     row_groups: int = 1
     stages: int = 2
-    decode: str = "shift"
     #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
     #: (natural activations): ``pair4`` registers, register ``j`` of word ``i`` (block scale
     #: ``j // 2``) against element ``i`` of the block's ``j``-th activation load
@@ -151,11 +137,6 @@ class GemmConfig(GemmProblem):
             raise ValueError("swiglu needs N % 32 == 0")
         if not 2 <= self.stages <= 6:
             raise ValueError(f"stages must be in [2, 6], got {self.stages}")
-        if self.decode not in DECODES:
-            raise ValueError(f"decode must be one of {DECODES}, got {self.decode!r}")
-        if self.wfrag and self.decode != "shift":
-            raise ValueError("wfrag decodes with pair4, whose scales are prescaled as "
-                             "decode='shift' expects")
         if self.wperm and not self.wfrag:
             raise ValueError("wperm needs wfrag (only the pair4 decode path reads it)")
 
@@ -168,7 +149,7 @@ class GemmConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_wn{self.warps_n}"
-            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}_{self.decode}"
+            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}"
             f"{'_wp' if self.wperm else ''}{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
@@ -176,41 +157,6 @@ class GemmConfig(GemmProblem):
 def supported(n_out: int, k: int) -> bool:
     """Whether some config covers this problem (else callers fall back to the reference)."""
     return n_out % 16 == 0 and k % 128 == 0
-
-
-def choose_config(
-    n: int,
-    k: int,
-    block_m: int,
-    epilogue: str = "none",
-    has_bias: bool = False,
-    grouped: bool = False,
-) -> GemmConfig:
-    """The tile config used for a problem; a pure function of static sizes and ``block_m``.
-
-    Small token tiles (decode) are memory-bound: one warp column of 16 rows and K split over up
-    to 8 warps keeps enough 16-byte weight loads in flight. Large tiles use 4 warps along N and
-    no split (the token dimension already gives parallelism).
-    """
-    n_out = n // 2 if epilogue == "swiglu" else n
-    if block_m >= 64:
-        # prefill: x fragments are reused across row groups in registers (fewer L1 reads)
-        warps_n, warps_k, row_groups = 4, 1, (1 if epilogue == "swiglu" else 2)
-    else:
-        # decode: two row groups per warp (each x load feeds both, and twice the weight bytes
-        # in flight), K split over 8 warps
-        warps_n, warps_k, row_groups = 1, 8, 2
-        while (k // 128) % warps_k != 0:
-            warps_k //= 2
-    while row_groups > 1 and n_out % (16 * row_groups * warps_n) != 0:
-        row_groups //= 2
-    while warps_n > 1 and n_out % (16 * row_groups * warps_n) != 0:
-        warps_n //= 2
-    # a 2-step ring: deeper rings (3, 4, 6) and one row group measured slower on H200 (more
-    # registers, fewer resident warps; benchmarks/results/linear_sweep_ring_h200.json)
-    stages = 2
-    return GemmConfig(n, k, epilogue, has_bias, grouped, block_m, warps_n, warps_k, row_groups,
-                      stages)
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,10 +313,7 @@ class W4A16GroupedGemm(DirectLaunch):
         nr = 2 * nq
         scl = []
         for q2 in range(nr):
-            if cfg.decode == "shift":
-                scl.append(scales_to_bf16x2_pre(sbuf[slot * nr + q2]))
-            else:
-                scl.append(scales_to_bf16x2(sbuf[slot * nr + q2]))
+            scl.append(scales_to_bf16x2_pre(sbuf[slot * nr + q2]))
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
@@ -381,7 +324,7 @@ class W4A16GroupedGemm(DirectLaunch):
         if const_expr(cfg.wfrag):
             decode_reg = decode_reg_wperm if cfg.wperm else decode_reg_pair4
         else:
-            decode_word = decode_word_shift if cfg.decode == "shift" else decode_word_lut
+            decode_word = decode_word_shift
         for r in range(4):
             dec = []
             for q2 in range(nr):
@@ -405,7 +348,7 @@ class W4A16GroupedGemm(DirectLaunch):
         """C fragment j of column tile t: weight row g + 8 (j // 2), token 8t + 2c + (j % 2)."""
         cfg = self.cfg
         # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
-        unscale = Float32(128.0 if cfg.decode == "shift" else 1.0)
+        unscale = Float32(128.0)
         for j in cutlass.range_constexpr(cfg.row_groups):
             for t in cutlass.range_constexpr(self.num_tiles):
                 for f in cutlass.range_constexpr(4):

@@ -28,21 +28,17 @@ CTA structure (warp specialised)
   each chunk for all the CTA's rows (deterministic in-CTA split-K: partial sums are added in
   warp order through shared memory at the end, no atomics), and arrives on *empty* (all 32
   lanes) once it has read a stage.
-* At exit thread 0 invalidates the mbarriers (``inval``): the PTX ISA requires it before the
-  shared memory is used for anything else (the next CTA on the SM).
+* At exit thread 0 invalidates the mbarriers: the PTX ISA requires it before the shared
+  memory is used for anything else (the next CTA on the SM).
 
-Stage release (a measured race)
--------------------------------
+Stage release
+-------------
 A plain ``mbarrier.arrive`` on *empty* right after the last ``ld.shared`` of a stage is not
-enough. In the SASS (ptxas 13.0) the arrive follows the last ``LDS.128`` with no scoreboard
-wait, before the MMAs that consume it; on H200 this gave non-deterministic wrong outputs (about
-12k of 1.4M elements at P=199, the 3 runs differing; benchmarks/results/stream_dev_h200.txt, run
-2), consistent with the next round's bulk copy (async proxy) overwriting data not yet read. Both
-fixes were exact and bitwise reproducible in every run since: ``release="fence"`` issues
-``fence.proxy.async.shared::cta`` before the arrive (the memory-model answer for generic reads
-followed by async-proxy writes), ``release="lag"`` frees the stage of chunk ``c - 1`` only after
-waiting for chunk ``c`` (its loads were consumed by the previous iteration's MMAs; one fewer
-stage in flight).
+enough: ptxas may schedule the arrive before the MMAs that consume the loaded registers, and
+the next round's bulk copy (async proxy) then overwrites data not yet read (seen on an H200 as
+nondeterministic wrong outputs). Each consumer warp therefore issues
+``fence.proxy.async.shared::cta`` before its arrive, the memory-model answer for generic reads
+followed by async-proxy writes.
 
 Shared-memory layout of a stage: weight row ``r`` at ``r * w_stride`` (``w_stride = kc/2`` plus
 64 bytes when ``kc/2`` is a multiple of 128), then the scale rows at ``s_stride`` (an odd
@@ -97,8 +93,6 @@ early is safe only because it was written two kernels back: the routing kernel p
 gather, whose every CTA waits for the routing before it lets this kernel launch (the ordering
 argument is in ``moe_cuda``'s docstring). A CTA with no real tile does not wait, except CTA 0
 (with tile 0 always real when any is), so the grid cannot complete before the previous one.
-H200, V4-Flash whole op (benchmarks/results/h200_2026-12-01_s5/pdl/): T = 1 53.6 -> 49.2 us,
-T = 8 261.0 -> 254.7, T = 32 -0.8 %, T = 128 within noise.
 
 Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
 with the token clamped to ``P - 1`` so no row past ``P`` is read.
@@ -107,30 +101,10 @@ Padding rows (grouped): ``tile_rows[tile]`` says how many leading rows of the ti
 tokens; the lanes of the other rows load the activations of the last real row instead of the
 padding zeros. Their outputs (padding rows, never read downstream) are then copies of that
 row's, and the warp's activation load touches fewer distinct addresses: at MoE decode most of
-an 8-row tile is padding (V4-Flash T = 8: ~1.1 real rows per tile). Measured before building it
-with a diagnostic that pinned those lanes to row 0 or 1 (benchmarks/results/
-h200_2026-12-01_s4/xrows_padding_rows.log): gate/up T = 8 175 -> 159 us, T = 128 1004 -> 902;
-down T = 128 537 -> 491-516.
+an 8-row tile is padding at MoE decode.
 
-Measured (H200, CUDA-graph replay, cold L2, :func:`choose_config`; stream_dev_h200.txt run 3):
-dense M=1 (7168, 18432) 34.9 us = 2.13 TB/s (w4a16_gemm 36.1, bf16 68.6), (18432, 7168)
-32.2 us = 2.31 TB/s (37.6, 70.4); MoE V4-Flash T=1 gate/up 31.2 us (34.8), down 17.0 us
-(19.3). The consumers are not ALU-bound (the ``pair4`` decode halves the integer-pipe work per
-byte, yet issue utilisation is low); time follows resident CTAs per SM and wave/tail effects
-(more stages = more shared memory = fewer CTAs got slower; 8-row CTAs for balance did not help).
-block_m 16/32 is slower than w4a16_gemm (x fragments and prmts are not amortised over rows).
-
-What limits it (benchmarks/results/h200_2026-11-30_s3/): the consumers, not the copies. With
-``compute=False`` (consumers only wait for and free each stage) the same pipeline streams at
-3.3-3.6 TB/s dense (M=1 (7168, 18432) 20.7 us vs 34.4 us with the decode) and 3.8-4.2 TB/s
-grouped from T = 8 on (V4-Flash gate/up T=128 553 us vs 960 us). ncu on the M=1 kernel: issue
-slots 51 % busy, ALU pipe 50 %, 1.06 eligible of 4.1 active warps per scheduler, top stall
-L1TEX (the activation loads, 37 %); on gate/up T=8: ALU 63 %, same top stall. Loading the next
-step's activations one step ahead did not help (measured, not kept). Persistent CTAs
-(``ctas``: one pipeline across work items) gain at V4-Flash gate/up T=1 only (28.1 vs 31.0 us
-with 4 consumer warps, 3 stages, 396 CTAs) and lose from T=8 on (fewer consumer warps per SM),
-so :func:`choose_config` does not use them. The next step is fewer decode instructions per
-weight (~2.5 integer/bf16 ops now, see ``pair4``), which needs a prepared weight layout.
+What limits it: the consumers' decode, not the copies (``nvfp4_ops/kernels/DESIGN.md``,
+"Decode kernels"). The tile shape for a problem is chosen by :mod:`nvfp4_ops.kernels.dispatch`.
 """
 
 from __future__ import annotations
@@ -167,20 +141,17 @@ __all__ = [
     "EPILOGUES",
     "StreamConfig",
     "W4A16StreamGemm",
-    "choose_config",
     "compile_gemm",
     "supported",
 ]
 
-#: how a consumer frees a stage (module docstring, "Stage release"): after a generic->async
-#: proxy fence at the end of its chunk (``fence``), or one chunk later, once it holds the next
-#: stage (``lag``)
-RELEASES = ("fence", "lag")
-#: token tiles (decode sizes; prefill keeps using w4a16_gemm)
+#: token tiles (decode sizes; the dispatch runs it at 8)
 BLOCK_MS = (8, 16, 32)
 #: bytes of shared memory an sm_90 CTA may use (227 KB)
 _SMEM_LIMIT = 227 * 1024
 _BAR_BYTES = 128  # full[8] + empty[8] mbarriers
+#: weight rows per MMA row set (the m16n8k16 A operand's rows)
+SET_ROWS = 16
 
 
 def _odd16(nbytes: int) -> int:
@@ -197,11 +168,9 @@ class StreamConfig(GemmProblem):
     The problem fields of :class:`GemmProblem`, then ``row_groups``: MMA row sets per CTA
     (per half for SwiGLU); ``warps_k``: consumer warps (split K inside the CTA); ``steps``:
     128-k steps per consumer per stage (stage K chunk ``kc = 128 * warps_k * steps``);
-    ``stages``: pipeline depth; ``release``: ``fence`` or ``lag`` (module docstring);
-    ``inval``: invalidate the mbarriers at exit; ``rows8``: 8-row sets (A rows 8-15 zero) for
-    twice the CTAs; ``ctas``: persistent launch (at most that many CTAs loop over the work
-    items; 0 = one CTA per item); ``compute``: diagnostics (below); ``kperm``: pair-order
-    activations (module docstring).
+    ``stages``: pipeline depth; ``ctas``: persistent launch (at most that many CTAs loop over
+    the work items; 0 = one CTA per item); ``kperm``: pair-order activations (module
+    docstring).
     """
 
     PREFIX: ClassVar[str] = "w4a16s"
@@ -212,15 +181,9 @@ class StreamConfig(GemmProblem):
     warps_k: int = 4
     steps: int = 2
     stages: int = 4
-    release: str = "fence"
-    inval: bool = True
-    rows8: bool = False
     #: persistent launch: at most ``ctas`` CTAs, each looping over (feature tile, token tile)
     #: work items with one pipeline that runs on across items (0 = one item per CTA)
     ctas: int = 0
-    #: diagnostics only: ``False`` skips the decode and the MMAs (the consumers wait for each
-    #: stage and free it; outputs are zeros), to measure the bare streaming rate
-    compute: bool = True
     #: activations (operand B) in the ``pair`` order of :mod:`nvfp4_ops.kernels.kperm` (the B
     #: fragment is the loaded words, no ``prmt``), and a SwiGLU output written in that order
     #: too (the MoE's GEMM 1 feeds GEMM 2); grouped problems only
@@ -250,8 +213,6 @@ class StreamConfig(GemmProblem):
         if self.wfrag and self.kperm:
             raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
                              "kperm (pair-order activations)")
-        if self.release not in RELEASES:
-            raise ValueError(f"release must be one of {RELEASES}, got {self.release!r}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
         if self.n_out % self.rows_out != 0:
@@ -269,9 +230,6 @@ class StreamConfig(GemmProblem):
             raise ValueError("pdl (launch overlap) is for grouped problems only")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0, got {self.ctas}")
-        if self.ctas and self.release != "fence":
-            # a lagged release never frees an item's last stage: the next item would deadlock
-            raise ValueError("persistent CTAs (ctas > 0) need release='fence'")
         if self.tma2d and not self.tma2d_allowed:
             raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
                              "non-persistent configs with an even warps_k")
@@ -291,15 +249,9 @@ class StreamConfig(GemmProblem):
         return 128 * self.warps_k * self.steps
 
     @property
-    def set_rows(self) -> int:
-        """Weight rows per MMA row set: 16, or 8 with ``rows8`` (rows 8-15 of the MMA's A
-        operand are zero: half the MMA is wasted, but twice as many CTAs balance the SMs)."""
-        return 8 if self.rows8 else 16
-
-    @property
     def rows_out(self) -> int:
-        """Output features per CTA."""
-        return self.set_rows * self.row_groups
+        """Output features per CTA (16 weight rows per MMA row set)."""
+        return SET_ROWS * self.row_groups
 
     @property
     def rows_phys(self) -> int:
@@ -331,7 +283,7 @@ class StreamConfig(GemmProblem):
 
     @property
     def red_len(self) -> int:
-        acc_len = 4 * (self.block_m // 8) * (self.rows_phys // self.set_rows)
+        acc_len = 4 * (self.block_m // 8) * (self.rows_phys // SET_ROWS)
         return max(1, (self.warps_k - 1) * 32 * acc_len)
 
     @property
@@ -343,85 +295,15 @@ class StreamConfig(GemmProblem):
         return (
             f"{self.name_head}_rg{self.row_groups}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
-            f"_{self.release}{'_inv' if self.inval else ''}"
-            f"{'_r8' if self.rows8 else ''}{f'_p{self.ctas}' if self.ctas else ''}"
-            f"{'' if self.compute else '_nocompute'}{'_kp' if self.kperm else ''}"
+            f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{'_t2' if self.tma2d else ''}_{self.arch}"
         )
 
 
-#: grouped gate/up problems with at most this many token tiles (static: the MoE's padded rows /
-#: 8; V4 decode T = 1 has 6) run persistent CTAs, :data:`PERSIST_CTAS` of them
-PERSIST_MAX_TILES = 8
-#: 3 CTAs per SM of a 132-SM H100 / H200 (a correct launch on any GPU, tuned on the H200)
-PERSIST_CTAS = 396
-
-
 def supported(n_out: int, k: int) -> bool:
-    """Whether :func:`choose_config` covers this problem (N_out % 16, K % 256)."""
+    """Whether some config covers this problem (N_out % 16, K % 256)."""
     return n_out % 16 == 0 and k % 256 == 0
-
-
-def choose_config(
-    n: int,
-    k: int,
-    block_m: int,
-    epilogue: str = "none",
-    has_bias: bool = False,
-    grouped: bool = False,
-    m_tiles: int | None = None,
-    kperm: bool = False,
-    pdl: bool = False,
-) -> StreamConfig:
-    """The config for a problem: a pure function of static sizes, ``block_m`` and (grouped
-    only) ``m_tiles``, the static number of token tiles (the MoE's padded rows / ``block_m``).
-    ``kperm`` (grouped only): pair-order activations (:class:`StreamConfig`), same tiles.
-    ``pdl`` (grouped only): launch overlap (module docstring), same tiles.
-
-    From the H200 sweep (benchmarks/results/stream_dev_h200.txt, run 3; CUDA-graph replay, cold
-    L2). What counts is resident CTAs per SM (shared memory per CTA) and 1 KB+ chunks:
-
-    * grouped / SwiGLU (MoE gate-up K=4096, down K=2048): 2 consumer warps, 512-k chunks, 2
-      stages (21 KB per CTA for 32 gate+up rows): gate/up at T = 1/7/16/32 tokens 31.2 / 168 /
-      333 / 565 us vs 34.8 / 168 / 332 / 553 for w4a16_gemm; down 17.0 / 82.2 / 176 / 292 vs
-      19.3 / 90.5 / 179 / 304. (4 warps, 1024-k chunks, 3 stages gets gate/up T=1 to 29.9 us but
-      is 10 % slower than w4a16_gemm from T = 7 on: 3 CTAs per SM instead of 5.)
-    * grouped gate/up (SwiGLU), session 3 sweep (h200_2026-11-30_s3/stream_persist_run2.log):
-      4 consumer warps and 2 stages beat 2 warps from T = 8 on (V4-Flash T = 8 / 32 / 128:
-      164 / 512 / 900 us vs 172 / 519 / 960); at T = 1 (6 token tiles) persistent CTAs, 4 warps,
-      3 stages, :data:`PERSIST_CTAS` CTAs: 27.9 us vs 31.0. The down GEMM keeps 2 warps (484 vs
-      522 us at T = 128, within 3 % elsewhere).
-    * dense, block_m 8: 4 consumer warps, 1024-k chunks, 4 stages: M=1 (7168, 18432) 34.9 us
-      (36.1 w4a16_gemm, 68.6 bf16), (18432, 7168) 32.2 us (37.6, 70.4).
-    * block_m 16 / 32: w4a16_gemm is faster (M=16 42.7 vs 51.7 us at (7168, 18432)); the best
-      streamed configs are returned (lagged release, 3 / 4 stages).
-
-    Smaller chunks are used when K is not a multiple of the preferred one.
-    """
-    n_out = n // 2 if epilogue == "swiglu" else n
-    if not supported(n_out, k):
-        raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
-    ctas = 0
-    if grouped and epilogue == "swiglu":
-        if m_tiles is not None and m_tiles <= PERSIST_MAX_TILES:
-            prefs, ctas = [(4, 2, 3, "fence")], PERSIST_CTAS
-        else:
-            prefs = [(4, 2, 2, "fence")]
-    elif grouped or epilogue == "swiglu":
-        prefs = [(2, 2, 2, "fence")]
-    elif block_m == 8:
-        prefs = [(4, 2, 4, "fence")]
-    else:
-        prefs = [(4, 2, 3 if block_m == 16 else 4, "lag")]
-    # fallbacks: 512-k, then 256-k chunks (K is a multiple of 256)
-    prefs += [(2, 2, 3, "fence"), (2, 1, 4, "fence")]
-    for warps_k, steps, stages, release in prefs:
-        if k % (128 * warps_k * steps) == 0:
-            return StreamConfig(n, k, epilogue, has_bias, grouped, block_m, row_groups=1,
-                                warps_k=warps_k, steps=steps, stages=stages, release=release,
-                                ctas=ctas, kperm=kperm, pdl=pdl)
-    raise AssertionError("unreachable: K % 256 == 0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,8 +381,8 @@ class W4A16StreamGemm(DirectLaunch):
     def __init__(self, cfg: StreamConfig) -> None:
         self.cfg = cfg
         self.num_tiles = cfg.block_m // 8
-        self.num_row_sets = cfg.rows_phys // cfg.set_rows
-        self.frags = 1 if cfg.rows8 else 2  # 16-byte fragments per row set and lane
+        self.num_row_sets = cfg.rows_phys // SET_ROWS
+        self.frags = 2  # 16-byte fragments per row set and lane (rows g and g + 8)
         self.acc_len = 4 * self.num_tiles * self.num_row_sets
         self.chunks = cfg.k // cfg.kc
         self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16)
@@ -652,11 +534,10 @@ class W4A16StreamGemm(DirectLaunch):
     def finish(self, tidx, sbase):
         """All roles done: invalidate the mbarriers (their memory may be reused next)."""
         cute.arch.sync_threads()
-        if const_expr(self.cfg.inval):
-            if tidx == 0:
-                for s in cutlass.range_constexpr(self.cfg.stages):
-                    _mbar_inval(sbase + 8 * s)
-                    _mbar_inval(sbase + 64 + 8 * s)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.cfg.stages):
+                _mbar_inval(sbase + 8 * s)
+                _mbar_inval(sbase + 64 + 8 * s)
 
     @cute.jit
     def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
@@ -811,8 +692,8 @@ class W4A16StreamGemm(DirectLaunch):
         s_off = []
         for q in cutlass.range_constexpr(nq):
             for h in cutlass.range_constexpr(self.frags):
-                w_off.append((cfg.set_rows * q + 8 * h) * cfg.w_stride)
-                s_off.append((cfg.set_rows * q + 8 * h) * cfg.s_stride)
+                w_off.append((SET_ROWS * q + 8 * h) * cfg.w_stride)
+                s_off.append((SET_ROWS * q + 8 * h) * cfg.s_stride)
         a_base = a.iterator.toint()
         a_row_addr = []
         for t in cutlass.range_constexpr(self.num_tiles):
@@ -825,23 +706,16 @@ class W4A16StreamGemm(DirectLaunch):
             g = done + c
             s = g % cfg.stages
             _mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
-            if const_expr(cfg.release == "lag"):
-                # free the previous chunk's stage only now: its shared loads have certainly
-                # been consumed by the MMAs of the previous iteration
-                if c > 0:
-                    _mbar_arrive(sbase + 64 + 8 * ((g + cfg.stages - 1) % cfg.stages))
             off = s * cfg.stage_bytes
             lw = lane_w + off
             ls = lane_s + off
-            if const_expr(cfg.compute):
-                for u in cutlass.range_constexpr(cfg.steps):
-                    kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
-                    self.mma_step(acc, lw, ls, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
-            if const_expr(cfg.release == "fence"):
-                # order this warp's shared-memory reads (generic proxy) before the bulk copy
-                # (async proxy) that will overwrite the stage once the producer sees the arrive
-                _fence_proxy_async()
-                _mbar_arrive(sbase + 64 + 8 * s)
+            for u in cutlass.range_constexpr(cfg.steps):
+                kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
+                self.mma_step(acc, lw, ls, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
+            # order this warp's shared-memory reads (generic proxy) before the bulk copy
+            # (async proxy) that will overwrite the stage once the producer sees the arrive
+            _fence_proxy_async()
+            _mbar_arrive(sbase + 64 + 8 * s)
 
     def mma_step(self, acc, lw, ls, w_off, s_off, wcol: int, scol: int, a_row_addr, kb):
         """One 128-k step: fragments from shared memory, decode, MMA against the activations.
@@ -852,10 +726,6 @@ class W4A16StreamGemm(DirectLaunch):
         nr = self.frags * nq
         wv = []
         scl = []
-        zero = None
-        if self.frags == 1:
-            # rows 8-15 of the A operand (a1, a3): a zero register, not an immediate
-            zero = inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[Int32])
         for q2 in range(nr):
             wv.append(ld_shared_v4_at(lw, w_off[q2] + wcol))
             scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
@@ -887,8 +757,8 @@ class W4A16StreamGemm(DirectLaunch):
                     b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
                     b2, b3 = _pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
                 for q in range(nq):
-                    dg = dec[self.frags * q]
-                    d8 = dec[2 * q + 1] if self.frags == 2 else (zero, zero, zero, zero)
+                    dg = dec[2 * q]
+                    d8 = dec[2 * q + 1]
                     base = 4 * (q * self.num_tiles + t)
                     mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], b0, b1)
                     mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], b2, b3)
@@ -910,7 +780,7 @@ class W4A16StreamGemm(DirectLaunch):
             for t in cutlass.range_constexpr(self.num_tiles):
                 for f in cutlass.range_constexpr(2 * self.frags):
                     token = m0 + t * 8 + quad * 2 + (f % 2)
-                    row = row0 + cfg.set_rows * j + grp + 8 * (f // 2)
+                    row = row0 + SET_ROWS * j + grp + 8 * (f // 2)
                     if token < num_rows:
                         v = epilogue_value(cfg, acc, 4 * (j * self.num_tiles + t) + f,
                                            4 * ((cfg.row_groups + j) * self.num_tiles + t) + f,

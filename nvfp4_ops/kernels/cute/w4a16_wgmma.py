@@ -9,8 +9,8 @@ with the arguments ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` 
 :mod:`nvfp4_ops.kernels.cute.gemm_interface`), ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
 ``[ceil(P / block_m)]`` (-1 = skip the tile; a dummy when not grouped), ``row_scale`` f32
 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
-This kernel is for prefill / mid batches (dense ``block_m`` 64-256 tokens per tile, grouped
-16-256); the streamed and mma.sync kernels serve decode.
+It serves prefill and mid batches (dense tiles of 64-256 tokens, grouped 16-256) and, on
+prepared (``wfrag``) weights, the stream-K tiles of large dense layers at 16-128 tokens.
 
 Roles (``wgmma.mma_async``, "RS" form)
 --------------------------------------
@@ -41,8 +41,13 @@ of :mod:`nvfp4_ops.kernels.kperm`, lane ``c`` of a quad reads only its own 4 byt
 them with the ``pair4`` decoder of :mod:`nvfp4_ops.kernels.cute.fp4_ptx`, whose outputs
 ``(8c + j, 8c + j + 4)`` are exactly the logical pairs the permuted B holds in the fragment
 slots above; a SwiGLU output is then stored in the same permuted order (it is GEMM 2's ``a``).
-H200, V4-Flash MoE: T=512 whole op 2072 -> 1708 us, T=4096 3765 -> 3510 us
-(benchmarks/results/h200_2026-11-30_s3/kperm_ab_h200.log).
+Fewer integer instructions per weight is what the decode-bound tiles need.
+
+Fragment-order weights (``wfrag``, dense): the weights were reordered once at load time
+(:mod:`nvfp4_ops.kernels.wfrag`) so that each lane's u32 word per row and 32 k already holds
+its fragment's codes; it decodes them with ``pair4`` and the block's two scales against natural
+activations, with no byte gathering. The four lanes of a quad share their rows' scales: each
+converts one pair and the others take it by ``shfl.sync``.
 
 Row mapping. ``none`` / ``row_scale``: A row ``a`` of row warpgroup ``q`` is weight row
 ``r0 + 64q + a`` (``r0 = 64 * row_wgs * blockIdx.x``). ``swiglu``: A row ``16w + i`` is gate
@@ -60,71 +65,50 @@ are in flight (the other A buffer is free again): the decode of the next chunk o
 tensor-core work of this one, the load latency hides behind the wait. A stage is released once
 the WGMMAs that read it have retired (one chunk later). ``split_k`` warpgroups on the same rows
 take turns on the k tiles and are summed through shared memory in slice order (deterministic;
-the tiles of :data:`VERIFIED_MULTI` ran exact on H200).
+only the tiles of :data:`VERIFIED_MULTI` are accepted).
 
-Stream-K (``streamk``: dense ``none``, no split-K): ``streamk`` CTAs per SM (the grid is read
-off the scratch's length) each take an even share of the (output tile, k tile) units and run
-them through the same ring and :meth:`W4A16WgmmaGemm.tile` loop, tile after tile; partial tiles
-are summed in K order by the CTA that completes them (:mod:`nvfp4_ops.kernels.cute.streamk`).
-The counters and scratch come in the ``tile_expert`` / ``tile_rows`` arguments, which a dense
-call otherwise leaves as dummies (``linear_cuda.streamk_scratch``). The kernel leaves the
-counters at zero, so the caller reuses one buffer per stream or graph capture
-(``linear_cuda.streamk_counters``). With ``pdl`` (the dispatch's stream-K tiles) the producer
-streams its first item's first stages of weights and scales before ``griddepcontrol.wait``, and
-their activations after it. The consumers wait first thing, then let the next kernel launch,
-the protocol of ``moe_cuda``'s "Launch overlap". The counters, the scratch, the output and the
-activations are touched only after the wait.
+Stream-K (``streamk``: dense ``none`` on ``wfrag`` weights, no split-K, 128-k stages):
+``streamk`` CTAs per SM (the grid is read off the scratch's length) each take an even share of
+the (output tile, 128-k stage) units and run them through the same ring and
+:meth:`W4A16WgmmaGemm.tile` loop, tile after tile; partial tiles are summed in K order by the
+CTA that completes them (:mod:`nvfp4_ops.kernels.cute.streamk`): deterministic, and no CTA waits
+for another. Thread 0 publishes a parked piece and acquires the others' with one
+acquire-release atomic between two CTA barriers. The tile counters and the fp32 scratch (the
+launcher's stream-K workspace, ``linear_cuda.StreamKWorkspace``) arrive in the interface's two
+int32 operands that grouped calls use for ``tile_expert`` / ``tile_rows``, so every family keeps
+one binary signature. The kernel leaves the counters at zero, so the launcher reuses one buffer
+per stream or graph capture. With ``pdl`` (every stream-K tile) the producer streams its first
+item's first stages of weights and scales before ``griddepcontrol.wait``, and their activations
+after it; the consumers wait first thing, then let the next kernel launch (the protocol of
+``moe_cuda``'s "Launch overlap"). The counters, the scratch, the output and the activations are
+touched only after the wait.
 
-Wide stages (``stage_k=128``, stream-K ``wfrag`` tiles). A stage holds 128 k: one TMA box of
+Wide stages (``stage_k=128``, the stream-K tiles). A stage holds 128 k: one TMA box of
 ``64 * row_wgs`` weight rows x 64 bytes (64-byte swizzle: 16-byte unit ``u`` of row ``r`` at
 ``u ^ ((r >> 1) & 3)``, so the 8 rows of a quad-load phase hit distinct banks), two
 ``[block_m, 64]`` activation boxes, and the block scales: a ``(rows, 16 bytes)`` box of the
 ``[N, K/16]`` scale matrix at column ``16 * (kt // 2)``, which holds this stage's 8 bytes per
-row and its pair's (a TMA box row is at least 16 bytes; each pair is read twice from L2). The
-consumers run :meth:`W4A16WgmmaGemm.tile` twice per stage; after the stage's wait each lane
-reads 4 scale bytes with one ``ld.shared`` (its row, one 64-k tile, both chunks) and converts
-them, instead of ``ld.global`` one tile ahead.
-Why (H200, M = 16, session 13, ``benchmarks/results/h200_2026-12-01_s13``): with the decode
-and the WGMMAs switched off (``decode=False, compute=False``) the 64-k ring alone took
-30.4-32.2 us at (N, K) = (7168, 18432) / (18432, 7168), as long as the tile without the decode
-(30.7-33.2): the ring, 32 bytes per weight row per stage, was the floor. With 128-k stages it
-took 25.9-27.7 (with a consumer that freed each stage at once; the real loop without decode
-and WGMMAs takes 31.5-32.7, session 14). The scales' global loads cost 4-5 us more (ncu: the
-scale conversion waiting on them was the most sampled consumer stall after the ring's barrier
-wait). ``bench_linear`` M = 16: 38.2-39.3 -> 34.5-35.0 us (one 2-byte scale load per 64-k
-tile then), 33.1-33.4 with the per-stage load and ``lite_fixup`` (session 14, one run).
+row and its pair's (a TMA box row is at least 16 bytes). The consumers run
+:meth:`W4A16WgmmaGemm.tile` twice per stage; after the stage's wait each lane reads 4 scale bytes
+with one ``ld.shared`` (its row, one 64-k tile, both chunks) and converts them. Why: at 16
+tokens a 64-k ring (32 bytes per weight row per stage) was itself the floor of the tile.
 With ``scale_ahead`` (16-32 tokens) the producer warp copies the scales with ``cp.async``
-instead, 8 bytes per row, and each slot also holds the next stage's. The consumers load and
-convert those during chunk 0's WGMMAs, so a stage starts with its scales in registers. This
-gave 31.8-32.1 us at M = 16 (session 15, ``benchmarks/results/h200_2026-12-01_s15``). With the
-reused counters and ``pdl`` on top: 29.6-30.1.
+instead, 8 bytes per row, and each slot also holds the next stage's: the consumers load and
+convert those during chunk 0's WGMMAs, so a stage starts with its scales in registers.
 
 Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 (:attr:`WgmmaConfig.uses_setmaxnreg`) the producer hands registers to the consumers with
 ``setmaxnreg`` inside the CTA's launch allocation (168 per lane at 384 threads: 40 / 232; 96
 at 640 threads: 24 / 112), one CTA per SM. Smaller tiles need 50-79 registers and no
-``setmaxnreg``, so 2-3 CTAs share an SM: V4-Flash MoE T=512 at block_m 16, whole op 2642 ->
-2073 us (block_m 32: 2761 -> 2260, 64: 3187 -> 2630) against the version that kept one CTA
-per SM there (benchmarks/results/h200_2026-11-30_s3/wgmma_ab_h200.txt).
+``setmaxnreg``, so 2-3 CTAs share an SM, which the decode latency of small grouped tiles needs.
 
-Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only.
-
-Measured on H200 (CUDA-graph replay, cold L2, bf16 torch.matmul in the same run). Dense
-M=128 (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt): (7168, 18432)
-``block_m=128, row_wgs=1, split_k=2`` 83.4 us (bf16 74.2; ``row_wgs=2, split_k=1`` 142.6);
-(18432, 7168) ``row_wgs=4`` 99.4 us (bf16 69.1); (4096, 4096) ``row_wgs=1, split_k=2`` 18.9
-us (bf16 13.7). The choice per number of m-tiles is :func:`choose_config`'s. (7168, 18432)
-M=8192 ``block_m=256, row_wgs=2`` 3521 us = 615 TFLOP/s (bf16 2791 us = 776;
-benchmarks/results/wgmma_dev_h200.txt, first version). ``block_m=128, row_wgs=2`` reaches only
-451-460 TFLOP/s at M=8192 while its L2 traffic per FLOP equals ``block_m=256``'s: the decode
-(~68 instructions per thread per 32 k, amortised over ``block_m`` tokens) and its latency with
-one or two consumer warps per SM sub-partition limit it, not memory.
+Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only; the
+tile shape for a problem is chosen by :mod:`nvfp4_ops.kernels.dispatch`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import cutlass
@@ -154,13 +138,12 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
 )
 
 __all__ = [
+    "BLOCK_K",
     "BLOCK_MS",
-    "DENSE_TILES",
     "EPILOGUES",
     "VERIFIED_MULTI",
     "W4A16WgmmaGemm",
     "WgmmaConfig",
-    "choose_config",
     "compile_gemm",
     "supported",
 ]
@@ -172,13 +155,9 @@ BLOCK_MS = (16, 32, 64, 128, 256)
 BLOCK_K = 64
 #: usable dynamic shared memory per CTA on H100/H200 (227 KiB), minus barriers and slack.
 SMEM_BUDGET = 227 * 1024 - 1024
-#: dense ``(block_m, row_wgs, split_k)`` tiles with split-K or 4 consumer warpgroups that ran
-#: exact on H200 (``none`` at (4096, 4096), (7168, 18432), (18432, 7168), M = 128 and 199 or
-#: 1024 and 199; ``swiglu`` and ``none + bias`` at (4096, 4096), M = 77 and 300;
-#: benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt; ``(128, 3, 1)``: ``none`` at
-#: (18432, 7168), M = 128, 199 on wfrag + wperm weights, within fp32-order noise of the
-#: checkpoint-order kernel, h200_2026-12-01_s8/ab/r3.log, and the session-8 GPU tests). Others
-#: are refused unless ``allow_unverified``.
+#: dense ``(block_m, row_wgs, split_k)`` tiles with split-K or more than two consumer
+#: warpgroups that ran exact on an H200 (``nvfp4_ops/kernels/DESIGN.md``, "WGMMA tiles");
+#: other such tiles are refused: a wrong register split there can hang the GPU.
 VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), (256, 1, 2),
                             (64, 1, 2), (128, 3, 1)})
 
@@ -219,51 +198,23 @@ class WgmmaConfig(GemmProblem):
     #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
     #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
     wfrag: bool = False
-    #: stream-K (dense ``none`` problems, ``split_k = 1``): ``streamk`` CTAs per SM split the
-    #: (output tile, k tile) units evenly (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA
-    #: per output tile)
+    #: stream-K (dense ``none`` ``wfrag`` problems, ``split_k = 1``, 128-k stages): ``streamk``
+    #: CTAs per SM split the (output tile, stage) units evenly
+    #: (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA per output tile)
     streamk: int = 0
-    #: diagnostics (``wfrag`` only): False skips the FP4 decode and the block scales; the
-    #: loaded words go to the WGMMAs as they are (wrong outputs). With the same loads, ring and
-    #: WGMMAs, the time is the floor of everything but the decode (``benchmarks/dev_ab_wfrag``)
-    decode: bool = True
-    #: diagnostics (with ``decode=False``): False also skips the WGMMAs; the consumers only
-    #: read the weight words and wait for and free each stage (the floor of the TMA ring)
-    compute: bool = True
-    #: diagnostics: False skips the block scales' global loads (64-k stages; the decode
-    #: multiplies by whatever the registers hold: wrong outputs), to time the decode without
-    #: the loads' latency; 128-k stages: every stage reuses the scales of its output tile's
-    #: first (no per-stage shared load, conversion or quad shuffle)
-    scales: bool = True
-    #: k per pipeline stage: 64, or 128 for stream-K ``wfrag`` tiles ("Wide stages" in the
-    #: module docstring: 64 bytes per weight row per stage, the block scales by TMA too; each
-    #: lane reads its row's scales for both 64-k tiles of a stage with one ``ld.shared.b32``
-    #: at the stage's start, :meth:`W4A16WgmmaGemm.load_stage_scales`)
+    #: k per pipeline stage: 64, or 128 for the stream-K tiles ("Wide stages" in the module
+    #: docstring: 64 bytes per weight row per stage, the block scales by TMA too; each lane
+    #: reads its row's scales for both 64-k tiles of a stage with one ``ld.shared.b32`` at the
+    #: stage's start, :meth:`W4A16WgmmaGemm.load_stage_scales`)
     stage_k: int = BLOCK_K
-    #: stream-K fix-up publishes and acquires the parked pieces with one acquire-release atomic
-    #: by thread 0 between CTA barriers, instead of a GPU-scope fence in every thread
-    #: (:func:`nvfp4_ops.kernels.cute.streamk.atom_add_acq_rel_u32`). Dispatched for the
-    #: 128-k stream-K tiles (``linear_cuda._streamk_tile``). With the per-stage scale load
-    #: (H200, ``dev_ab_wfrag --flush read``, benchmarks/results/h200_2026-12-01_s14): M = 16
-    #: 36.5-37.3 -> 35.6-36.1 us (6 runs), M = 32 39.9-40.7 -> 39.3-40.4 (3), M = 128
-    #: 60.1-60.9 -> 59.1-59.4 (1); each alone gave about half. Without it (the 64-k stream-K
-    #: tiles, which no dispatch reaches: dense K % 128 != 0 runs the reference) the fix-up
-    #: fences every thread; the atomic is GPU-tested on a 64-k tile too (tests/test_streamk)
-    lite_fixup: bool = False
     #: 128-k stages: the producer warp copies the block scales with ``cp.async`` (8 bytes per
     #: row, all 32 lanes, completing on the stage's full barrier through
     #: ``cp.async.mbarrier.arrive``) instead of a TMA box, and each stage's slot holds the
     #: *next* stage's scales as well (its row's second 8 bytes; the first 8 only at a stream-K
     #: piece's first stage): the consumers load and convert them during a stage, so the next
-    #: stage starts with its scales in registers. Dispatched for the 16-32-token stream-K
-    #: tiles (``linear_cuda._streamk_tile``). H200 (session 15, benchmarks/results/
-    #: h200_2026-12-01_s15): ``bench_linear`` M = 16 32.6-33.1 -> 31.8-32.1 us, M = 32
-    #: 37.0-38.1 -> 36.5-36.9 (two alternating rounds); at M = 128 no gain
+    #: stage starts with its scales in registers
     scale_ahead: bool = False
     arch: str = "sm_90a"
-    #: ``split_k > 1`` and 3-4 consumer warpgroups outside :data:`VERIFIED_MULTI` are refused
-    #: unless this is set (for debugging them; not part of the compile key).
-    allow_unverified: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         self.check_problem()
@@ -275,11 +226,11 @@ class WgmmaConfig(GemmProblem):
             raise ValueError("row_wgs=3 is for dense problems without split_k, block_m <= 128")
         if self.consumers > 4:
             raise ValueError(f"at most 4 consumer warpgroups, got {self.consumers}")
-        if ((self.split_k > 1 or self.consumers > 2) and not self.allow_unverified
+        if ((self.split_k > 1 or self.consumers > 2)
                 and (self.grouped or (self.block_m, self.row_wgs, self.split_k)
                      not in VERIFIED_MULTI)):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
-                             "validated on a GPU (pass allow_unverified=True to debug it)")
+                             "validated on a GPU (w4a16_wgmma.VERIFIED_MULTI)")
         if self.wperm and not (self.kperm or self.wfrag):
             raise ValueError("wperm needs kperm or wfrag (only the pair4 decode paths read it)")
         if self.wfrag and self.kperm:
@@ -301,21 +252,16 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
-        if self.lite_fixup and not self.streamk:
-            raise ValueError("lite_fixup is for stream-K tiles")
-        if not self.compute and self.decode:
-            raise ValueError("compute=False (diagnostics) needs decode=False")
-        if self.stage_k != BLOCK_K and (self.stage_k != 128 or not self.streamk
-                                        or not self.wfrag or self.k % self.stage_k):
-            raise ValueError("stage_k 128 is for stream-K wfrag tiles, K % 128 == 0")
+        if self.stage_k not in (BLOCK_K, 128):
+            raise ValueError(f"stage_k must be {BLOCK_K} or 128, got {self.stage_k}")
+        if (self.stage_k == 128) != bool(self.streamk):
+            raise ValueError("stream-K tiles run 128-k stages, and only they do")
+        if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
+                             or self.kperm or not self.wfrag or self.k % 128):
+            raise ValueError("streamk is for dense 'none' problems (bias allowed) on wfrag "
+                             "weights with split_k=1 and K % 128 == 0")
         if self.scale_ahead and self.stage_k != 128:
             raise ValueError("scale_ahead is for 128-k stages")
-        if not self.decode and not self.wfrag:
-            raise ValueError("decode=False (diagnostics) is for wfrag tiles only")
-        if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
-                             or self.kperm):
-            raise ValueError("streamk is for dense 'none' problems (bias allowed) with "
-                             "split_k=1, without kperm")
 
     @property
     def consumers(self) -> int:
@@ -327,9 +273,9 @@ class WgmmaConfig(GemmProblem):
         (``setmaxnreg``): with several consumer warpgroups and ``block_m >= 128`` (the 64 x
         ``block_m`` fp32 accumulator needs them). Below 128 ptxas drops the instruction anyway
         at 384 threads ("C7508: setmaxnreg ignored; unable to determine register count at
-        entry"; no USETMAXREG in the SASS at block_m 16-64), and such a CTA needs 50-79
-        registers: without it, and without the shared-memory floor that goes with it
-        (:meth:`W4A16WgmmaGemm.smem_bytes`), 2-3 CTAs fit per SM."""
+        entry"), and such a CTA needs 50-79 registers: without it, and without the
+        shared-memory floor that goes with it (:meth:`W4A16WgmmaGemm.smem_bytes`), 2-3 CTAs fit
+        per SM."""
         return self.consumers > 1 and self.block_m >= 128
 
     @property
@@ -354,9 +300,6 @@ class WgmmaConfig(GemmProblem):
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
-            f"{'' if self.decode else '_nodec'}{'' if self.compute else '_nomma'}"
-            f"{f'_k{self.stage_k}' if self.stage_k != BLOCK_K else ''}"
-            f"{'' if self.scales else '_nosc'}{'_lf' if self.lite_fixup else ''}"
             f"{'_sa' if self.scale_ahead else ''}_{self.arch}"
         )
 
@@ -367,7 +310,7 @@ class WgmmaConfig(GemmProblem):
 
     def streamk_units(self, num_rows: int) -> tuple[int, int]:
         """``(items, units)`` of a stream-K launch over ``num_rows`` tokens: output tiles and
-        (tile, k tile) pairs."""
+        (tile, stage) pairs."""
         items = self.n_out // self.features_per_cta * -(-num_rows // self.block_m)
         return items, items * (self.k // self.stage_k)
 
@@ -375,107 +318,6 @@ class WgmmaConfig(GemmProblem):
 def supported(n_out: int, k: int) -> bool:
     """Whether some config covers this problem (N_out % 64 == 0 and K % 64 == 0)."""
     return n_out % 64 == 0 and k % BLOCK_K == 0
-
-
-#: SMs of an H100/H200 (SXM): the wave size of :func:`choose_config`'s estimate (a constant, so
-#: the choice never queries the device; on a part with fewer SMs it is only less tuned).
-NUM_SMS = 132
-#: Dense tile shapes ``(row_wgs, split_k)`` per ``block_m`` and their throughput per SM in 64-row
-#: weight blocks (relative, one CTA per SM), measured on H200 at (N, K) = (7168, 18432) with one
-#: wave of CTAs (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt): block_m 128,
-#: M = 128: r1 s2 83.4 us (112 CTAs), r2 s1 142.6 (56), r2 s2 136.0 (56), r4 s1 244.5 (28);
-#: block_m 256, M = 512: r1 s2 239.9 us (224 CTAs, 2 waves), r2 s1 203.9 (112). r3 s1 (three
-#: row warpgroups, N % 192 == 0 only, so not at that shape): 75.1 us at (18432, 7168) M = 128
-#: (96 CTAs; r4 s1 95.6 there, 72 CTAs), scaled by K to 193.1 (r4: 95.6 -> 245.8, matching)
-#: (benchmarks/results/h200_2026-12-01_s8/ab/r3.log). r3 is used without epilogue and bias only
-#: (the H200 runs that validated it).
-DENSE_TILES = {
-    128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5,
-          (3, 1): 3 / 193.1},
-    256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
-}
-#: grouped ``block_m`` -> ring stages of the one-row-warpgroup tile (:func:`choose_config`)
-GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 5,
-                       (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
-#: ``m_tiles`` above this are treated as this (bounds the set of configs a dispatch can reach).
-#: Unclamped, the estimate picks ``row_wgs=2, split_k=1`` for every m_tiles in 11-128 at the
-#: V4 shared-expert shapes and the three benchmark shapes (checked on the CPU), the tile the
-#: M=8192 runs measured fastest.
-MAX_M_TILES = 16
-
-
-def choose_config(
-    n: int,
-    k: int,
-    block_m: int,
-    epilogue: str = "none",
-    has_bias: bool = False,
-    grouped: bool = False,
-    m_tiles: int | None = None,
-    kperm: bool = False,
-    pdl: bool = False,
-    wfrag: bool = False,
-) -> WgmmaConfig:
-    """The tile config for a problem; a pure function of static sizes, ``block_m`` and, for a
-    dense problem, ``m_tiles = ceil(M / block_m)`` (from the token count, which is static per
-    call).
-
-    Grouped tiles of 16 and 32 tokens (the MoE at a mean of 9-32 rows per expert): one row
-    warpgroup per CTA (twice the CTAs of two warpgroups) and a 3-5 stage ring
-    (:data:`GROUPED_SMALL_TILES`). H200, V4-Flash in the MoE's conditions (benchmarks/results/
-    h200_2026-12-01_s5/wgmma_tiles/ runs 1-2, h200_2026-12-01_s7/ab/ run 3): T = 512
-    (block_m 16) gate/up two warpgroups 1117 us, one with 4 stages 1012 / 1043 / 1030, 3 stages
-    1027 / 1060; down 5 stages 520 / 522, 4 stages 523 / 525 / 529; T = 1024 (block_m 32, one
-    run) gate/up 3 stages 1154 vs 4 stages 1209, down 4 stages 572 vs 3 / 5 stages 586 / 615.
-    2 stages is 15-30 % slower everywhere.
-
-    Other grouped problems (``P`` unknown when choosing) and dense tiles of 16-64 tokens: two
-    row warpgroups share each activation tile (half the shared-memory traffic per weight row)
-    when the output has enough features for them; one otherwise.
-
-    Dense ``block_m`` 128 / 256 with ``m_tiles`` given: the tile shape of :data:`DENSE_TILES`
-    with the least estimated time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput``, i.e.
-    whole waves of single-CTA SMs. On H200 this picks the fastest config or one within 8% of
-    it for M = 128, 199, 512, 1024 at (4096, 4096), (7168, 18432), (18432, 7168)
-    (benchmarks/results/h200_2026-11-30_s3/wgmma_sweep_h200.txt). Ties go to the first entry.
-
-    ``kperm``: the activations come in the k-permuted order (grouped problems only; see
-    :class:`WgmmaConfig`). ``wfrag``: the weights come in the fragment order (the same tile
-    shape reading it; see :class:`WgmmaConfig`).
-    """
-    if wfrag:
-        return dataclasses.replace(
-            choose_config(n, k, block_m, epilogue, has_bias, grouped, m_tiles, kperm, pdl),
-            wfrag=True)
-    n_out = n // 2 if epilogue == "swiglu" else n
-    per_wg = 32 if epilogue == "swiglu" else 64
-    if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
-        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, 1, 1,
-                           GROUPED_SMALL_TILES[block_m, epilogue], kperm=kperm, pdl=pdl)
-    if grouped or m_tiles is None or block_m not in DENSE_TILES:
-        row_wgs = 2 if n_out % (2 * per_wg) == 0 else 1
-        return WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, 1,
-                           kperm=kperm, pdl=pdl and grouped)
-    if kperm:
-        raise ValueError("kperm is for grouped problems (the MoE) only")
-    m_tiles = max(1, min(m_tiles, MAX_M_TILES))
-    best, best_time = None, 0.0
-    for (row_wgs, split_k), blocks_per_us in DENSE_TILES[block_m].items():
-        if n_out % (per_wg * row_wgs) != 0 or k % (BLOCK_K * split_k) != 0:
-            continue
-        if row_wgs == 3 and (epilogue != "none" or has_bias):
-            continue
-        try:
-            cfg = WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs, split_k)
-        except ValueError:
-            continue
-        ctas = n_out // cfg.features_per_cta * m_tiles
-        est = -(-ctas // NUM_SMS) * row_wgs / blocks_per_us
-        if best is None or est < best_time:
-            best, best_time = cfg, est
-    if best is None:
-        return choose_config(n, k, block_m, epilogue, has_bias, grouped)
-    return best
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,9 +433,8 @@ class W4A16WgmmaGemm:
         # gives registers back, the consumers take them. setmaxnreg moves registers only within
         # the CTA's own allocation, which ptxas fixes from the launch bound: 65536 / threads
         # rounded down to 8 (168 at 384 threads, 96 at 640: cuobjdump -res-usage). Asking for
-        # more than that pool holds blocks setmaxnreg.inc forever. The first split-K run on the
-        # H200 asked for 24 + 4 x 120 = 504 > 5 x 96 = 480 per lane of 640 threads and hung;
-        # sized from the pool (24 + 4 x 112) every 640-thread tile ran (wgmma_sweep_h200.txt).
+        # more than that pool holds blocks setmaxnreg.inc forever (a hang: 24 + 4 x 120 > 5 x
+        # 96 per lane of 640 threads), so the split is sized from the pool (24 + 4 x 112).
         self.entry_regs = min(255, 65536 // self.threads) // 8 * 8
         self.producer_regs = 40 if cfg.consumers < 4 else 24
         pool = self.entry_regs * self.threads - 128 * self.producer_regs
@@ -707,8 +548,7 @@ class W4A16WgmmaGemm:
         (:attr:`WgmmaConfig.uses_setmaxnreg`) at least half the SM's 228 KiB, so such a CTA is
         always alone on its SM (its 168 or 96 registers per lane allow one CTA anyway; the
         floor keeps that true whatever ptxas allocates). Without ``setmaxnreg`` (block_m 16-64)
-        there is no floor: 2-3 CTAs per SM fit there (50-79 registers, 50-99 KB; CPU analysis in
-        benchmarks/results/h200_2026-11-30_s2/wgmma_v1_v2_occupancy_analysis.md), which the
+        there is no floor: 2-3 CTAs per SM fit there (50-79 registers, 50-99 KB), which the
         decode latency needs."""
         return max(storage, 116 * 1024) if self.cfg.uses_setmaxnreg else storage
 
@@ -1029,13 +869,10 @@ class W4A16WgmmaGemm:
                 if const_expr(self.sub == 1):
                     self.load_scales(sc, 0, s_lo, s_hi, k0)
                 pipe.consumer_wait(state)
-                if const_expr(self.sub > 1 and self.cfg.decode):
+                if const_expr(self.sub > 1):
                     self.load_stage_scales(sc, ss, state.index, k0)
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0], sc[1], 0, sel)
-                if const_expr(self.sub > 1 and self.cfg.decode and not self.cfg.scales):
-                    scl[0] = _shfl_quad(sc[0], 0)
-                    scl[1] = _shfl_quad(sc[0], 2)
                 # the stages as in :meth:`consumer`: first, middle, last (or a single one)
                 run = (pipe, tile_args, sc, s_lo, s_hi)
                 if k1 - k0 == 1:
@@ -1113,20 +950,15 @@ class W4A16WgmmaGemm:
         b_lo, b_hi = streamk.item_owners(item, self.k_tiles, units, gdim)
         base = scratch.iterator.toint()
         streamk.park(acc, base, bidx, b_lo, plen, off, n_acc, 128)
-        if const_expr(not cfg.lite_fixup):
-            cute.arch.fence_acq_rel_gpu()
+        # thread 0's acquire-release atomic, between two CTA barriers, publishes this CTA's
+        # parked piece and acquires the others' (no GPU-scope fence per thread)
         cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
         counter = counters.iterator.toint() + Int64(item) * Int64(4)
         if tidx == 0:
-            if const_expr(cfg.lite_fixup):
-                flag[0] = streamk.atom_add_acq_rel_u32(counter, 1)
-            else:
-                flag[0] = streamk.atom_add_u32(counter, 1)
+            flag[0] = streamk.atom_add_acq_rel_u32(counter, 1)
         cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
         finished = Int32(0)
         if flag[0] == b_hi - b_lo:
-            if const_expr(not cfg.lite_fixup):
-                cute.arch.fence_acq_rel_gpu()
             streamk.sum_pieces(acc, base, b_lo, b_hi, plen, off, n_acc, 128)
             if tidx == 0:
                 streamk.st_global_u32(counter, Int32(0))
@@ -1299,8 +1131,6 @@ class W4A16WgmmaGemm:
         loads one pair: the lo row (quad lanes 0-1) or the hi row (2-3), first or second 32-k
         chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
-        if const_expr(not self.cfg.decode or not self.cfg.scales):
-            return
         if const_expr(self.cfg.wfrag):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
         else:
@@ -1340,8 +1170,6 @@ class W4A16WgmmaGemm:
             else:
                 raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
                 raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
-            if const_expr(not self.cfg.decode or (self.sub > 1 and not self.cfg.scales)):
-                return  # (diagnostics: no scales, or the tile's first stage's throughout)
             if const_expr(self.sub > 1):
                 # sc_lo: this lane's converted pair of chunk j (load_stage_scales); the lo row's
                 # of 64-k tile q sits in quad lane q, the hi row's in lane 2 + q
@@ -1370,16 +1198,11 @@ class W4A16WgmmaGemm:
         ``kperm``: ``pair4`` word j = physical k ``(8c + j, 8c + j + 4)``, which the permuted
         activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
         same register slots as the gathered decode's (step s, half h)."""
-        if const_expr(not self.cfg.compute):
-            return
         if const_expr(self.cfg.kperm):
             decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
             s_lo, s_hi = bf16x2_halves(scl[0])
             d_lo = decode(raw[0], s_lo)
             d_hi = decode(raw[1], s_hi)
-        elif const_expr(not self.cfg.decode):
-            d_lo = [raw[0]] * 4
-            d_hi = [raw[1]] * 4
         elif const_expr(self.cfg.wfrag):
             # wfrag word: register j = natural k pair 8j + 2c + {0, 1}, the same slots as the
             # gathered decode's (step s = j // 2 with its block scale, half h = j % 2)
@@ -1421,8 +1244,7 @@ class W4A16WgmmaGemm:
         self.decode_mma(tiled_mma, acc, frags, raw, scl, sel, t_cb, idx, 0, q)
         self.load_chunk(raw, scl, stage_w, off_lo, off_hi, sc[1] if stage_sc else sc[0], sc[1],
                         1, sel, q)
-        if const_expr(stage_sc and self.cfg.scale_ahead and self.cfg.decode and self.cfg.scales
-                      and q == 0 and not last):
+        if const_expr(stage_sc and self.cfg.scale_ahead and q == 0 and not last):
             # the next stage's scales, from this slot, while this chunk's WGMMAs run
             self.load_stage_scales(sc, ss[0], idx, None, 2, 1)
         warpgroup.wait_group(1)
@@ -1434,11 +1256,10 @@ class W4A16WgmmaGemm:
             state.advance(nsplit)
             if not last:
                 pipe.consumer_wait(state)
-                if const_expr(stage_sc and self.cfg.decode and self.cfg.scales
-                              and self.cfg.scale_ahead):
+                if const_expr(stage_sc and self.cfg.scale_ahead):
                     sc[0] = sc[2]
                     sc[1] = sc[3]
-                elif const_expr(stage_sc and self.cfg.decode and self.cfg.scales):
+                elif const_expr(stage_sc):
                     self.load_stage_scales(sc, ss[0], state.index, ss[1])
                 self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
                                 sc[0] if stage_sc else sc[2], sc[3], 0, sel)

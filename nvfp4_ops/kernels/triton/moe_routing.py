@@ -41,8 +41,8 @@ value on the host:
    that hold rows; tiles past the end are left untouched (the GEMMs skip them). In a
    permuted layout of :mod:`nvfp4_ops.kernels.kperm` (``kperm``: every 32-block, for the WGMMA
    tiles; ``pair``: every 8-block, for the streamed 8-token tiles) the columns are written in
-   that order by a register transpose: loads and stores stay contiguous (a version that
-   permuted through strided loads was 3.3x slower, h200_2026-11-30_s3/kperm_ab_h200*.log).
+   that order by a register transpose: loads and stores stay contiguous (permuting through
+   strided loads instead was several times slower).
 
 The jitted functions never specialise on the token or expert counts (``do_not_specialize``),
 so one compiled variant per ``(block_m, k, H, id dtype)`` serves every T and every EP split.
@@ -294,7 +294,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
-                kperm: bool | str = False, pdl: bool = False
+                layout: str = NATURAL, pdl: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
 
@@ -302,12 +302,9 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
         hidden: ``bf16 [T, H]`` contiguous.
         topk_weights: ``float32 [T, k]`` contiguous.
         routing: from :func:`moe_routing` for the same ``T, k``.
-        kperm: the column order of ``a``: ``False`` (natural), ``True`` (the permuted order
-            the GEMM family of ``routing.block_m`` reads, :func:`nvfp4_ops.kernels.linear_cuda.
-            grouped_layout`: ``pair`` at 8, ``kperm`` at 16-256; what ``grouped_w4a16_gemm``
-            reads with ``kperm=True``), or a layout name of
-            :data:`nvfp4_ops.kernels.kperm.LAYOUTS` (``H`` a multiple of its block: 32 for
-            ``kperm``, 8 for ``pair``).
+        layout: the column order of ``a``, a name of :data:`nvfp4_ops.kernels.kperm.LAYOUTS`
+            (the MoE plan's ``act_order``: what its GEMM 1 reads; ``H`` a multiple of the
+            layout's block: 32 for ``kperm``, 8 for ``pair``).
         pdl: launch with programmatic dependent launch (:mod:`._pdl`; CUDA only).
 
     Returns:
@@ -320,13 +317,6 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
     """
     num_tokens, hidden_size = hidden.shape
     top_k = topk_weights.shape[1]
-    if isinstance(kperm, str):
-        layout = kperm
-    else:
-        # the dispatch owns which family (and so which order) serves the tile
-        from nvfp4_ops.kernels.linear_cuda import grouped_layout
-
-        layout = grouped_layout(routing.block_m) if kperm else NATURAL
     block = layout_block(layout)
     if hidden_size % block:
         raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")

@@ -1,0 +1,212 @@
+"""What a user pays outside the kernels: eager calls and the start of a process.
+
+``eager``: one eager call of ``nvfp4_ops.moe`` (V4-Flash, T = 1, wperm weights) and of
+``nvfp4_ops.linear`` (M = 1, (N, K) = (7168, 18432), prepared weights), timed with CUDA events
+around the Python call (what a caller that does not capture graphs sees: host work plus device
+time), median over ``--reps`` calls after warm-up, next to the same call as a CUDA-graph
+replay (device time only) in the same process. Both with the per-call value checks off (the
+default) and on (``NVFP4_OPS_VALUE_CHECKS=1``). Also the host time of the Python call alone
+(``time.perf_counter`` around it, no synchronisation), split by stage with the torch profiler
+when ``--profile`` is given.
+
+``startup``: wall time of a fresh process that imports ``nvfp4_ops`` and runs
+``nvfp4_ops.warmup(["v4-flash"])`` (every CuTeDSL and Triton variant the shape reaches,
+compiled or loaded, and run once), first with empty caches (cold) and then again with the caches
+the first run filled (warm). The kernel cache (``NVFP4_OPS_CACHE_DIR``) and Triton's
+(``TRITON_CACHE_DIR``) both point into a fresh folder, so nothing from earlier runs helps.
+
+Run on a GPU: ``python benchmarks/bench_overhead.py eager startup --out
+benchmarks/results/overhead_h200.json``. Needs CUDA; prints one table per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import capture, replay_median_us  # noqa: E402
+
+
+def _events_median_us(fn, reps: int) -> float:
+    """Median µs between CUDA events recorded right before and right after ``fn()`` (its
+    host work and its device work, as an eager caller sees them)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _host_median_us(fn, reps: int) -> float:
+    """Median µs of the Python call alone (no synchronisation inside the timed span)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def _cases():
+    import nvfp4_ops
+    from nvfp4_ops.testing import random_routing
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    s = nvfp4_ops.get_shape("v4-flash")
+    e, h, i = s.experts, s.hidden, s.intermediate
+
+    def codes(*shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
+
+    def scales(*shape):
+        return (torch.rand(shape, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
+
+    w13, w2 = codes(e, 2 * i, h // 2), codes(e, h, i // 2)
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    experts = (w13, scales(e, 2 * i, h // 16), torch.full((e, 2), 1e-3, device="cuda"),
+               w2, scales(e, h, i // 16), torch.full((e,), 1e-3, device="cuda"))
+    x1 = torch.randn(1, h, device="cuda", generator=gen).to(torch.bfloat16)
+    ids, weights = random_routing(1, e, s.top_k, device="cuda")
+    n, k = 7168, 18432
+    w = nvfp4_ops.to_wfrag_(codes(n, k // 2))
+    ws, wg = scales(n, k // 16), torch.full((), 1e-3, device="cuda")
+    xl = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+    return {
+        "moe V4-Flash T=1": lambda: nvfp4_ops.moe(x1, ids, weights, *experts,
+                                                  global_num_experts=e,
+                                                  swiglu_limit=s.swiglu_limit, wperm=True),
+        "linear (7168, 18432) M=1": lambda: nvfp4_ops.linear(xl, w, ws, wg, wfrag=True),
+    }
+
+
+def run_eager(reps: int, profile: bool) -> list[dict]:
+    from nvfp4_ops import set_value_checks
+
+    rows = []
+    for name, fn in _cases().items():
+        for _ in range(5):
+            fn()  # compile / load, allocator warm
+        torch.cuda.synchronize()
+        graph = capture([fn])
+        replay = replay_median_us(graph, reps)
+        row = {"case": name, "graph_replay_us": replay}
+        for checks in (False, True):
+            set_value_checks(checks)
+            try:
+                for _ in range(3):
+                    fn()
+                row[f"eager_us{'_checks' if checks else ''}"] = _events_median_us(fn, reps)
+                row[f"host_us{'_checks' if checks else ''}"] = _host_median_us(fn, reps)
+            finally:
+                set_value_checks(None)  # back to NVFP4_OPS_VALUE_CHECKS (default off)
+        rows.append(row)
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as prof
+
+            with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            print(f"--- {name}: torch profiler, 20 eager calls")
+            print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(f"{'case':28s} {'replay':>8s} {'eager':>8s} {'host':>8s} {'eager+chk':>10s} "
+          f"{'host+chk':>9s}  (µs)")
+    for r in rows:
+        print(f"{r['case']:28s} {r['graph_replay_us']:8.1f} {r['eager_us']:8.1f} "
+              f"{r['host_us']:8.1f} {r['eager_us_checks']:10.1f} {r['host_us_checks']:9.1f}")
+    return rows
+
+
+_STARTUP = """
+import time
+t0 = time.perf_counter()
+import torch, nvfp4_ops
+torch.cuda.init()
+t1 = time.perf_counter()
+names = nvfp4_ops.warmup(["v4-flash"])
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+from nvfp4_ops import _compile
+print("STARTUP", t1 - t0, t2 - t1, len(names), _compile.compile_count())
+"""
+
+
+def run_startup() -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="nvfp4_startup_") as root:
+        env = dict(os.environ, NVFP4_OPS_CACHE_DIR=str(Path(root) / "nvfp4"),
+                   TRITON_CACHE_DIR=str(Path(root) / "triton"))
+        env.pop("NVFP4_OPS_DISK_CACHE", None)
+        for label in ("cold", "warm"):
+            t0 = time.perf_counter()
+            res = subprocess.run([sys.executable, "-c", _STARTUP], env=env, text=True,
+                                 capture_output=True, timeout=1500)
+            wall = time.perf_counter() - t0
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("STARTUP")]
+            if res.returncode != 0 or not line:
+                print(f"startup ({label}) failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+                rows.append({"cache": label, "failed": True})
+                continue
+            _, imp, warm, variants, compiles = line[0].split()
+            rows.append({"cache": label, "process_s": wall, "import_s": float(imp),
+                         "warmup_s": float(warm), "variants": int(variants),
+                         "cutedsl_compiles": int(compiles)})
+    print(f"{'caches':8s} {'process s':>10s} {'import s':>9s} {'warmup s':>9s} {'variants':>9s} "
+          f"{'compiles':>9s}")
+    for r in rows:
+        if not r.get("failed"):
+            print(f"{r['cache']:8s} {r['process_s']:10.1f} {r['import_s']:9.1f} "
+                  f"{r['warmup_s']:9.1f} {r['variants']:9d} {r['cutedsl_compiles']:9d}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("modes", nargs="+", choices=("eager", "startup"))
+    p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--profile", action="store_true", help="a torch-profiler table per case")
+    p.add_argument("--out", type=Path, help="write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
+    if not torch.cuda.is_available():
+        print("bench_overhead: needs a CUDA GPU; nothing to measure here")
+        return 0
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    try:
+        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                          capture_output=True, text=True,
+                                          cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        pass
+    if "startup" in args.modes:  # first: a fresh process each, before this one warms anything
+        result["startup"] = run_startup()
+    if "eager" in args.modes:
+        result["eager"] = run_eager(args.reps, args.profile)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

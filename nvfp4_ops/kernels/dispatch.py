@@ -1,0 +1,588 @@
+"""The dispatch policy: one place that turns an op's static sizes and its weights' order into a
+frozen plan (kernel family, config, activation order). Nothing else picks a kernel, and no
+config is rewritten after it is built.
+
+Inputs are static (shapes, never data), so a plan is a pure, cached function of them and the
+same call always launches the same binaries: CUDA-graph capture and replay see fixed grids.
+
+The rules, in the order they are applied (the measurements behind each are in
+``nvfp4_ops/kernels/DESIGN.md``):
+
+=====================  ===========================================================================
+token tile             dense: the smallest of 8/16/32/64 that holds M, then 128 up to 256 tokens,
+                       256 beyond (:func:`dense_block_m`). MoE: the smallest tile holding the
+                       *mean* rows per local expert (:func:`moe_block_m`), lowered to one both
+                       grouped GEMMs cover.
+family                 8-token tiles: the streamed decode kernel (``w4a16_stream``); dense 16/32:
+                       ``mma.sync`` (``w4a16_gemm``); grouped 16/32 and everything from 64:
+                       WGMMA (``w4a16_wgmma``). A family that does not cover the shape falls back
+                       to ``mma.sync`` (dense: at its largest tile).
+prepared dense weights dense ``none`` problems on ``wfrag`` weights with at least
+(WeightOrder.WFRAG)    :data:`STREAMK_MIN_K_TILES` 64-k tiles per CTA run the stream-K WGMMA tile
+                       at 16, 32 and 128 tokens (:data:`STREAMK_TILES`, 128-k stages); other
+                       16/32-token problems with N >= 2 * 64 * SMs the one-warpgroup 6-stage
+                       WGMMA tile; streamed 8-token tiles fill their stages with two TMA tensor
+                       copies when each CTA streams >= :data:`TMA2D_MIN_CHUNKS` chunks or all
+                       CTAs fit one per SM.
+MoE activation order   both grouped GEMMs read a permuted k order (``pair`` for streamed tiles,
+                       ``kperm`` for WGMMA tiles; :mod:`nvfp4_ops.kernels.kperm`) when their
+                       families have one; the gather and GEMM 1's epilogue then write it.
+tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fields`,
+                       :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
+                       :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`).
+=====================  ===========================================================================
+
+Nothing here reads a device: the SM count is the constant :data:`NUM_SMS` (H100/H200 SXM), so
+plans (and compiles) need no GPU; on a part with fewer SMs they are only less tuned.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
+from nvfp4_ops.kernels.kperm import KPERM, NATURAL, PAIR
+from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+
+__all__ = [
+    "BLOCK_MS",
+    "GemmPlan",
+    "MoEPlan",
+    "WeightOrder",
+    "dense_block_m",
+    "gemm_supported",
+    "moe_block_m",
+    "moe_supported",
+    "moe_act_orders",
+    "moe_wperm_supported",
+    "plan_gemm",
+    "plan_linear",
+    "plan_mlp",
+    "plan_moe",
+    "plan_of_config",
+    "reachable_plans",
+]
+
+
+class WeightOrder(enum.Enum):
+    """How a weight tensor's FP4 codes are stored (the scales never move).
+
+    * ``CHECKPOINT``: as in the checkpoint (low nibble = even k).
+    * ``WPERM``: the 32 bits of every u32 word permuted (:mod:`nvfp4_ops.kernels.wperm`), a
+      cheaper decode; read by the kernels with a permuted activation order (the MoE's).
+    * ``WFRAG``: MMA-fragment order inside every 32-k block, then the ``wperm`` bits
+      (:mod:`nvfp4_ops.kernels.wfrag`); read by every dense family with natural activations.
+    """
+
+    CHECKPOINT = "checkpoint"
+    WPERM = "wperm"
+    WFRAG = "wfrag"
+
+    @property
+    def wperm_bits(self) -> bool:
+        return self is not WeightOrder.CHECKPOINT
+
+    @property
+    def fragment_order(self) -> bool:
+        return self is WeightOrder.WFRAG
+
+
+#: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
+BLOCK_MS = (8, 16, 32, 64, 128, 256)
+#: SMs of an H100/H200 SXM: the wave size of every estimate here (no device query)
+NUM_SMS = 132
+
+_STREAM, _MMA, _WGMMA = "stream", "mma", "wgmma"
+_MODULES = {_STREAM: w4a16_stream, _MMA: w4a16_gemm, _WGMMA: w4a16_wgmma}
+_CONFIGS = {_STREAM: w4a16_stream.StreamConfig, _MMA: w4a16_gemm.GemmConfig,
+            _WGMMA: w4a16_wgmma.WgmmaConfig}
+#: the permuted activation order each family reads (:mod:`nvfp4_ops.kernels.kperm`)
+_PERMUTED_ORDER = {_STREAM: PAIR, _WGMMA: KPERM}
+
+# ---------------------------------------------------------------------------- tables
+
+#: dense WGMMA tile shapes ``(row_wgs, split_k)`` per ``block_m`` and their throughput per SM
+#: in 64-row weight blocks per µs (one CTA per SM; DESIGN.md, "WGMMA tiles")
+DENSE_TILES = {
+    128: {(1, 2): 1 / 83.4, (2, 1): 2 / 142.6, (2, 2): 2 / 136.0, (4, 1): 4 / 244.5,
+          (3, 1): 3 / 193.1},
+    256: {(1, 2): 2 / 239.9, (2, 1): 2 / 203.9},
+}
+#: grouped ``(block_m, epilogue)`` -> ring stages of the one-row-warpgroup WGMMA tile
+GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 5,
+                       (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
+#: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
+#: longer changes), which bounds the configs a dispatch can reach
+DENSE_MAX_M_TILES = 16
+#: grouped gate/up problems with at most this many token tiles (the MoE's padded rows / 8;
+#: V4 decode T = 1 has 6) run the streamed kernel with :data:`PERSIST_CTAS` persistent CTAs
+PERSIST_MAX_TILES = 8
+PERSIST_CTAS = 3 * NUM_SMS
+#: stream-K WGMMA tiles on prepared dense weights: ``block_m -> (row_wgs, CTAs per SM)``
+STREAMK_TILES = {16: (1, 3), 32: (1, 3), 128: (2, 1)}
+#: ring stages of the stream-K tiles (128 k per stage)
+STREAMK_STAGES = 4
+#: stream-K pays when every CTA gets at least this many 64-k units (the fix-up of partial
+#: tiles is then a small part of its work)
+STREAMK_MIN_K_TILES = 64
+#: streamed 8-token tiles: K chunks per CTA from which two TMA tensor copies per stage pay
+TMA2D_MIN_CHUNKS = 16
+
+
+# ---------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """What one W4A16 GEMM launch runs: its kernel ``family`` (``stream``, ``mma``,
+    ``wgmma``), the family's frozen ``config`` (the compile key), the activation order the
+    kernel reads (``act_order``: ``natural``, ``pair`` or ``kperm``) and the weights' order."""
+
+    family: str
+    config: Any
+    act_order: str
+    weight_order: WeightOrder
+
+    @property
+    def block_m(self) -> int:
+        return self.config.block_m
+
+    @property
+    def streamk(self) -> bool:
+        """Whether the launch needs a stream-K workspace (tile counters and partial sums)."""
+        return bool(getattr(self.config, "streamk", 0))
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """Everything ``nvfp4::moe`` runs for one set of static sizes.
+
+    ``block_m``: the routing's token tile (every expert segment padded to it); ``num_rows``:
+    the padded row count ``P`` of the gathered buffer; ``act_order``: the k order the gather
+    writes and GEMM 1's SwiGLU epilogue writes (``natural``, ``pair`` or ``kperm``);
+    ``gate_up`` / ``down``: the two grouped GEMMs (both launched with launch overlap).
+    """
+
+    block_m: int
+    num_rows: int
+    act_order: str
+    weight_order: WeightOrder
+    gate_up: GemmPlan
+    down: GemmPlan
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+def dense_block_m(num_tokens: int) -> int:
+    """Token tile of a dense GEMM over ``num_tokens`` rows: the smallest of 8/16/32/64 that
+    holds them, then 128 up to 256 tokens (one or two tiles; the WGMMA tile shape fills the SMs
+    with split-K or row warpgroups), 256 beyond (half the weight decode per token)."""
+    for bm in (8, 16, 32, 64):
+        if num_tokens <= bm:
+            return bm
+    return 128 if num_tokens <= 256 else 256
+
+
+def moe_block_m(num_slots: int, num_experts: int) -> int:
+    """Token tile for ``num_slots = T * k`` routed slots over ``num_experts`` local experts: the
+    smallest tile that holds the mean rows per expert (256 beyond). 8-token tiles run the
+    streamed kernel (a tile per used expert, its weights streamed once), 16-256 WGMMA."""
+    mean = num_slots / max(1, num_experts)
+    for block_m in BLOCK_MS:
+        if mean <= block_m:
+            return block_m
+    return BLOCK_MS[-1]
+
+
+def gemm_supported(n_out: int, k: int) -> bool:
+    """Dense shapes a kernel covers (``N_out % 16``, ``K % 128``); others run the reference."""
+    return n_out % 16 == 0 and k % 128 == 0
+
+
+def moe_supported(hidden_size: int, inter: int) -> bool:
+    """MoE sizes the grouped GEMMs cover (``H`` and ``I`` multiples of 128)."""
+    return hidden_size % 128 == 0 and inter % 128 == 0
+
+
+def _family(block_m: int, grouped: bool) -> str:
+    if block_m <= 8:
+        return _STREAM
+    if block_m <= 32 and not grouped:
+        return _MMA
+    return _WGMMA
+
+
+def _covers(family: str, n_out: int, k: int, block_m: int) -> bool:
+    mod = _MODULES[family]
+    return block_m in mod.BLOCK_MS and mod.supported(n_out, k)
+
+
+@functools.cache
+def _grouped_covered(n_out: int, k: int, block_m: int) -> bool:
+    return _covers(_family(block_m, True), n_out, k, block_m) or _covers(_MMA, n_out, k, block_m)
+
+
+@functools.cache
+def _grouped_permuted(hidden_size: int, inter: int, block_m: int) -> bool:
+    """Whether both MoE GEMMs at ``block_m`` run a family with a permuted activation order."""
+    family = _family(block_m, True)
+    return (family in _PERMUTED_ORDER and _covers(family, inter, hidden_size, block_m)
+            and _covers(family, hidden_size, inter, block_m))
+
+
+@functools.cache
+def _moe_tile(block_m: int, hidden_size: int, inter: int) -> int:
+    """``block_m``, or the largest smaller tile both grouped GEMMs have a kernel for."""
+    while block_m > BLOCK_MS[0] and not (_grouped_covered(inter, hidden_size, block_m)
+                                         and _grouped_covered(hidden_size, inter, block_m)):
+        block_m = BLOCK_MS[BLOCK_MS.index(block_m) - 1]
+    return block_m
+
+
+@functools.cache
+def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
+    """Whether the MoE kernels read ``WeightOrder.WPERM`` weights at every token tile the op
+    can choose (both GEMMs on a family with a permuted activation order)."""
+    if not moe_supported(hidden_size, inter):
+        return False
+    return all(_grouped_permuted(hidden_size, inter, _moe_tile(bm, hidden_size, inter))
+               for bm in BLOCK_MS)
+
+
+def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles) -> dict:
+    """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
+    grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM;
+    smaller chunks when K is not a multiple of the preferred one."""
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if not w4a16_stream.supported(n_out, k):
+        raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
+    ctas = 0
+    if grouped and epilogue == "swiglu":
+        if m_tiles is not None and m_tiles <= PERSIST_MAX_TILES:
+            prefs, ctas = [(4, 2, 3)], PERSIST_CTAS
+        else:
+            prefs = [(4, 2, 2)]
+    elif grouped or epilogue == "swiglu":
+        prefs = [(2, 2, 2)]
+    else:
+        prefs = [(4, 2, 4)]
+    prefs += [(2, 2, 3), (2, 1, 4)]  # 512-k, then 256-k chunks (K is a multiple of 256)
+    for warps_k, steps, stages in prefs:
+        if k % (128 * warps_k * steps) == 0:
+            return dict(row_groups=1, warps_k=warps_k, steps=steps, stages=stages, ctas=ctas)
+    raise AssertionError("unreachable: K % 256 == 0")
+
+
+def _mma_fields(n, k, block_m, epilogue) -> dict:
+    """Tile of the ``mma.sync`` kernel: at decode tiles one warp column of 16 rows, two row
+    groups per warp and K split over up to 8 warps (enough 16-byte weight loads in flight);
+    from 64 tokens 4 warps along N and no split. A 2-stage register ring."""
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if block_m >= 64:
+        warps_n, warps_k, row_groups = 4, 1, (1 if epilogue == "swiglu" else 2)
+    else:
+        warps_n, warps_k, row_groups = 1, 8, 2
+        while (k // 128) % warps_k != 0:
+            warps_k //= 2
+    while row_groups > 1 and n_out % (16 * row_groups * warps_n) != 0:
+        row_groups //= 2
+    while warps_n > 1 and n_out % (16 * row_groups * warps_n) != 0:
+        warps_n //= 2
+    return dict(warps_n=warps_n, warps_k=warps_k, row_groups=row_groups, stages=2)
+
+
+def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
+    """Tile of the WGMMA kernel. Grouped 16/32: one row warpgroup and the ring of
+    :data:`GROUPED_SMALL_TILES`. Other grouped problems and dense tiles below 128 (or without a
+    tile count): two row warpgroups sharing each activation tile when N allows, else one.
+    Dense 128/256 with a tile count: the :data:`DENSE_TILES` shape with the least estimated
+    time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput`` (whole waves of one CTA per SM;
+    ties to the first entry)."""
+    n_out = n // 2 if epilogue == "swiglu" else n
+    per_wg = 32 if epilogue == "swiglu" else 64
+    if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
+        return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue])
+    if not (grouped or m_tiles is None or block_m not in DENSE_TILES):
+        m_tiles = max(1, min(m_tiles, DENSE_MAX_M_TILES))
+        best, best_time = None, 0.0
+        for (row_wgs, split_k), blocks_per_us in DENSE_TILES[block_m].items():
+            if n_out % (per_wg * row_wgs) != 0 or k % (w4a16_wgmma.BLOCK_K * split_k) != 0:
+                continue
+            if row_wgs == 3 and (epilogue != "none" or has_bias):
+                continue
+            try:  # the config's own checks (ring depth, split-K buffers) decide validity
+                w4a16_wgmma.WgmmaConfig(n, k, epilogue, has_bias, grouped, block_m, row_wgs,
+                                        split_k)
+            except ValueError:
+                continue
+            ctas = n_out // (per_wg * row_wgs) * m_tiles
+            est = -(-ctas // NUM_SMS) * row_wgs / blocks_per_us
+            if best is None or est < best_time:
+                best, best_time = (row_wgs, split_k), est
+        if best is not None:
+            return dict(row_wgs=best[0], split_k=best[1], stages=0)
+    return dict(row_wgs=2 if n_out % (2 * per_wg) == 0 else 1, split_k=1, stages=0)
+
+
+def _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family) -> dict | None:
+    """The stream-K WGMMA tile (every SM gets the same share of the (output tile, k unit)
+    pairs; partial tiles summed in K order by the CTA that completes them) for a dense ``none``
+    problem on prepared weights: 16/32 tokens where ``mma.sync`` would run, or 128 tokens in at
+    most two tiles where WGMMA would; when each CTA gets >= :data:`STREAMK_MIN_K_TILES` 64-k
+    units. 128 k per stage (K % 128 == 0 always holds here: :func:`gemm_supported`), block
+    scales a stage ahead at 16-32 tokens, launch overlap."""
+    if grouped or epilogue != "none" or m_tiles is None or k % 128 != 0:
+        return None
+    if not ((family == _MMA and block_m in (16, 32))
+            or (family == _WGMMA and block_m == 128 and m_tiles <= 2)):
+        return None
+    row_wgs, per_sm = STREAMK_TILES[block_m]
+    if n % (64 * row_wgs) != 0 or not w4a16_wgmma.supported(n, k):
+        return None
+    items = n // (64 * row_wgs) * m_tiles
+    if items * (k // 64) < STREAMK_MIN_K_TILES * NUM_SMS * per_sm:
+        return None
+    return dict(row_wgs=row_wgs, split_k=1, stages=STREAMK_STAGES, streamk=per_sm,
+                stage_k=128, scale_ahead=block_m <= 32, pdl=True)
+
+
+def _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family) -> dict | None:
+    """The one-warpgroup 6-stage WGMMA tile for a dense 16/32-token ``mma.sync`` problem on
+    prepared weights whose 64-row blocks fill two waves (N >= 2 * 64 * SMs; no bias)."""
+    if (family != _MMA or grouped or block_m not in (16, 32) or epilogue != "none"
+            or has_bias or n < 2 * 64 * NUM_SMS or not w4a16_wgmma.supported(n, k)):
+        return None
+    return dict(row_wgs=1, split_k=1, stages=6)
+
+
+def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
+    """Whether a dense streamed tile fills its stages with two TMA tensor copies: when each
+    CTA streams >= :data:`TMA2D_MIN_CHUNKS` K chunks or all CTAs fit one per SM."""
+    if grouped or epilogue != "none" or fields["ctas"] or fields["warps_k"] % 2:
+        return False
+    chunk = 128 * fields["warps_k"] * fields["steps"]
+    return k >= TMA2D_MIN_CHUNKS * chunk or n // (16 * fields["row_groups"]) <= NUM_SMS
+
+
+@functools.cache
+def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias: bool = False,
+              grouped: bool = False, m_tiles: int | None = None, permuted: bool = False,
+              chained: bool = False,
+              order: WeightOrder = WeightOrder.CHECKPOINT) -> GemmPlan:
+    """The plan of one W4A16 GEMM (``N`` weight rows, reduction ``K``, token tile
+    ``block_m``).
+
+    Args:
+        epilogue: ``none`` (optional bias), ``swiglu`` (gate rows then up rows), ``row_scale``.
+        grouped: per-tile experts (the MoE); else one weight matrix (linear, MLP).
+        m_tiles: token tiles of the launch (dense: ``ceil(M / block_m)`` capped at
+            :data:`DENSE_MAX_M_TILES`; grouped: padded rows / ``block_m`` capped one past
+            :data:`PERSIST_MAX_TILES`); None when unknown.
+        permuted: (grouped) activations in the permuted order of the family serving the tile.
+        chained: (grouped) the launch is a GEMM of the MoE chain, so kernels that can overlap
+            the previous kernel's tail (launch overlap) do.
+        order: how the weights are stored; WFRAG is for dense problems, WPERM needs
+            ``permuted``.
+
+    Raises:
+        ValueError: no family covers a grouped problem at ``block_m`` (the routing's padding
+            fixes the tile), ``permuted`` where the family has no permuted order, WFRAG with
+            ``permuted``, or WPERM weights on a kernel that cannot read them.
+    """
+    n_out = n // 2 if epilogue == "swiglu" else n
+    wfrag = order.fragment_order
+    if wfrag and permuted:
+        raise ValueError("wfrag weights are read with natural activations, not permuted ones")
+    family = _family(block_m, grouped)
+    if permuted and not (grouped and family in _PERMUTED_ORDER
+                         and _covers(family, n_out, k, block_m)):
+        raise ValueError(f"no kernel reads k-permuted activations for N={n}, K={k}, "
+                         f"block_m={block_m}, grouped={grouped}")
+    if not _covers(family, n_out, k, block_m):
+        family = _MMA
+        if block_m not in w4a16_gemm.BLOCK_MS:
+            if grouped:
+                raise ValueError(f"no kernel covers grouped N_out={n_out}, K={k} at "
+                                 f"block_m={block_m}")
+            block_m = max(w4a16_gemm.BLOCK_MS)
+    flags: dict = {}
+    fields = None
+    if wfrag:
+        fields = _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family)
+        if fields is None:
+            fields = _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family)
+        if fields is not None:
+            family = _WGMMA
+        flags["wfrag"] = True
+    if fields is None:
+        if family == _STREAM:
+            fields = _stream_fields(n, k, block_m, epilogue, grouped,
+                                    m_tiles if grouped else None)
+            if grouped:
+                flags["pdl"] = chained
+            elif wfrag:
+                flags["tma2d"] = _tma2d(fields, n, k, epilogue, grouped)
+        elif family == _MMA:
+            fields = _mma_fields(n, k, block_m, epilogue)
+        else:
+            fields = _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped,
+                                   None if permuted else m_tiles)
+            if grouped and permuted:
+                flags["pdl"] = chained
+    if permuted:
+        flags["kperm"] = True
+    act_order = _PERMUTED_ORDER[family] if permuted else NATURAL
+    if order.wperm_bits:
+        if not (family == _STREAM or wfrag or permuted):
+            raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
+                             f"block_m={block_m}, grouped={grouped}, permuted={permuted}")
+        flags["wperm"] = True
+    config = _CONFIGS[family](n, k, epilogue, has_bias, grouped, block_m, **fields, **flags)
+    return GemmPlan(family, config, act_order, order)
+
+
+def plan_of_config(config) -> GemmPlan:
+    """The plan that launches exactly ``config`` (its family from its class, its activation and
+    weight orders from its flags): for tools and tests that run a config the policy would not
+    pick. Chooses nothing."""
+    family = next(f for f, cls in _CONFIGS.items() if isinstance(config, cls))
+    act_order = _PERMUTED_ORDER[family] if getattr(config, "kperm", False) else NATURAL
+    if getattr(config, "wfrag", False):
+        order = WeightOrder.WFRAG
+    elif getattr(config, "wperm", False):
+        order = WeightOrder.WPERM
+    else:
+        order = WeightOrder.CHECKPOINT
+    return GemmPlan(family, config, act_order, order)
+
+
+def _dense_m_tiles(num_rows: int, block_m: int) -> int:
+    return min(-(-num_rows // block_m), DENSE_MAX_M_TILES)
+
+
+def _grouped_m_tiles(num_rows: int, block_m: int) -> int:
+    return min(num_rows // block_m, PERSIST_MAX_TILES + 1)
+
+
+def plan_linear(n: int, k: int, num_tokens: int, *, has_bias: bool = False,
+                order: WeightOrder = WeightOrder.CHECKPOINT) -> GemmPlan | None:
+    """The plan of ``nvfp4::linear`` on CUDA for ``num_tokens >= 1`` rows of ``[N, K]``
+    weights; None where no kernel covers the shape (the op then runs the exact reference)."""
+    if not gemm_supported(n, k):
+        return None
+    bm = dense_block_m(num_tokens)
+    return plan_gemm(n, k, bm, has_bias=has_bias, m_tiles=_dense_m_tiles(num_tokens, bm),
+                     order=order)
+
+
+def plan_mlp(hidden_size: int, inter: int, num_tokens: int, *,
+             order: WeightOrder = WeightOrder.CHECKPOINT) -> tuple[GemmPlan, GemmPlan] | None:
+    """``(gate/up with SwiGLU, down)`` plans of ``nvfp4::mlp`` for ``num_tokens >= 1`` rows;
+    None where no kernel covers the sizes."""
+    if not (gemm_supported(inter, hidden_size) and gemm_supported(hidden_size, inter)
+            and inter % 16 == 0):
+        return None
+    bm = dense_block_m(num_tokens)
+    m_tiles = _dense_m_tiles(num_tokens, bm)
+    return (plan_gemm(2 * inter, hidden_size, bm, epilogue="swiglu", m_tiles=m_tiles,
+                      order=order),
+            plan_gemm(hidden_size, inter, bm, m_tiles=m_tiles, order=order))
+
+
+@functools.cache
+def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, *,
+             order: WeightOrder = WeightOrder.CHECKPOINT, block_m: int | None = None,
+             permuted: bool | None = None, chained: bool = True) -> MoEPlan | None:
+    """The plan of ``nvfp4::moe`` on CUDA for ``num_tokens >= 1`` tokens routed top-``k`` over
+    ``num_experts`` local experts; None where the grouped GEMMs do not cover ``(H, I)``.
+
+    ``block_m`` / ``permuted`` override the policy's token tile / activation order, and
+    ``chained=False`` launches the GEMMs without launch overlap (tests and A/B tools only; the
+    op never passes them).
+
+    Raises:
+        ValueError: ``order`` is WPERM but the kernels at this tile cannot read it
+            (:func:`moe_wperm_supported`), or WFRAG (a dense order).
+    """
+    if not moe_supported(hidden_size, inter):
+        return None
+    if order is WeightOrder.WFRAG:
+        raise ValueError("the MoE kernels read checkpoint or wperm weights, not wfrag")
+    if block_m is None:
+        block_m = _moe_tile(moe_block_m(num_tokens * top_k, num_experts), hidden_size, inter)
+    if permuted is None:
+        permuted = _grouped_permuted(hidden_size, inter, block_m)
+    num_rows = padded_rows(num_tokens * top_k, num_experts, block_m)
+    m_tiles = _grouped_m_tiles(num_rows, block_m)
+    common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=chained,
+                  order=order)
+    gate_up = plan_gemm(2 * inter, hidden_size, block_m, epilogue="swiglu", **common)
+    down = plan_gemm(hidden_size, inter, block_m, epilogue="row_scale", **common)
+    return MoEPlan(block_m, num_rows, gate_up.act_order, order, gate_up, down)
+
+
+# ---------------------------------------------------------------------------- reachability
+
+
+def _dense_reach(block_m: int) -> tuple[int, ...]:
+    """The ``m_tiles`` a dense call with tile ``block_m`` can reach."""
+    return tuple(sorted({_dense_m_tiles(m, block_m)
+                         for m in range(1, block_m * DENSE_MAX_M_TILES + 1)
+                         if dense_block_m(m) == block_m}))
+
+
+def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
+    """Every GEMM plan the given layers can launch, at any token count (what warm-up compiles
+    and runs). ``linears``: ``(N, K, has_bias, order)``; ``mlps``: ``(H, I, order)``;
+    ``moes``: ``(H, I, order)`` (any expert count: the grouped configs do not depend on it).
+    Unique by compile key (``config.name``), in a stable order."""
+    seen: dict[str, GemmPlan] = {}
+
+    def add(plan: GemmPlan) -> None:
+        seen.setdefault(plan.config.name, plan)
+
+    dense_bms = tuple(dict.fromkeys(dense_block_m(m) for m in range(1, 512)))
+    for n, k, has_bias, order in linears:
+        if not gemm_supported(n, k):
+            continue
+        for bm in dense_bms:
+            for m_tiles in _dense_reach(bm):
+                add(plan_gemm(n, k, bm, has_bias=has_bias, m_tiles=m_tiles, order=order))
+    for hidden_size, inter, order in mlps:
+        if plan_mlp(hidden_size, inter, 1, order=order) is None:
+            continue
+        for bm in dense_bms:
+            for m_tiles in _dense_reach(bm):
+                add(plan_gemm(2 * inter, hidden_size, bm, epilogue="swiglu", m_tiles=m_tiles,
+                              order=order))
+                add(plan_gemm(hidden_size, inter, bm, m_tiles=m_tiles, order=order))
+    for hidden_size, inter, order in moes:
+        if not moe_supported(hidden_size, inter):
+            continue
+        for bm in BLOCK_MS:
+            tile = _moe_tile(bm, hidden_size, inter)
+            permuted = _grouped_permuted(hidden_size, inter, tile)
+            for m_tiles in range(1, PERSIST_MAX_TILES + 2):
+                common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=True,
+                              order=order)
+                add(plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common))
+                add(plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common))
+    return list(seen.values())
+
+
+def moe_act_orders(hidden_size: int, inter: int) -> list[tuple[int, str]]:
+    """``(block_m, act_order)`` of every MoE plan the sizes can reach (the Triton gather's
+    variants; any T, any expert count)."""
+    if not moe_supported(hidden_size, inter):
+        return []
+    out = []
+    for bm in BLOCK_MS:
+        tile = _moe_tile(bm, hidden_size, inter)
+        permuted = _grouped_permuted(hidden_size, inter, tile)
+        order = _PERMUTED_ORDER[_family(tile, True)] if permuted else NATURAL
+        out.append((tile, order))
+    return list(dict.fromkeys(out))

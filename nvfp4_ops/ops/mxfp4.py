@@ -1,0 +1,106 @@
+"""``nvfp4::mxfp4_to_nvfp4``: MXFP4 weights on the NVFP4 kernels, exactly, by a load-time
+conversion of their scales (:func:`nvfp4_ops.format.mxfp4_to_nvfp4`; the codes are unchanged).
+
+Why a conversion and not a separate kernel family: MXFP4 and NVFP4 share the e2m1 codes and
+their byte order, and a UE8M0 scale is a power of two, which e4m3 holds exactly over 18
+binades. With one fp32 global scale **per row** (the MoE and linear GEMMs already read global
+scales through per-row views) every MXFP4 row of DeepSeek's checkpoints becomes NVFP4 whose
+dequantized values are bitwise the MXFP4 ones; see the format module for the exact rule and
+for where the checkpoint layout was confirmed (DeepSeek's ``inference/model.py`` and
+``inference/convert.py``, vLLM's ``Mxfp4MoEMethod.create_weights``). The cost is the scale
+stream: 0.5625 bytes per weight instead of 0.53125.
+
+The op runs the pure-torch conversion on any device (CPU and CUDA alike), like
+``nvfp4::quantize``: it runs once per weight at load time. It works through the rows in chunks
+(a few bytes of temporaries per 32-block), so V4-Pro's 384 experts x [6144, 3584] bytes need
+no fp32 copy of the weights; it reads each chunk's verdict back to the host, so it must not be
+captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4_ops import format as fmt
+from nvfp4_ops._library import qualname
+from nvfp4_ops._validate import NVFP4InputError, expect_dtype, expect_same_device
+
+__all__ = ["mxfp4_to_nvfp4"]
+
+_OP = "nvfp4.mxfp4_to_nvfp4"
+UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
+
+
+def _check_meta(weight: torch.Tensor, scale: torch.Tensor) -> None:
+    expect_dtype(_OP, "weight", weight, torch.uint8)
+    expect_dtype(_OP, "scale", scale, *UE8M0_DTYPES)
+    if weight.dim() == 0:
+        raise NVFP4InputError(f"{_OP}: weight must be uint8 [..., K/2], got a scalar")
+    k = weight.shape[-1] * 2
+    want = (*weight.shape[:-1], k // fmt.MXFP4_BLOCK_SIZE)
+    if k % fmt.MXFP4_BLOCK_SIZE or tuple(scale.shape) != want:
+        raise NVFP4InputError(
+            f"{_OP}: scale must have shape [..., K/32] = {want} for weight of shape "
+            f"{tuple(weight.shape)} (K = {k}, K % 32 == 0), got {tuple(scale.shape)}")
+    expect_same_device(_OP, {"weight": weight, "scale": scale})
+
+
+@torch.library.custom_op(qualname("mxfp4_to_nvfp4"), mutates_args=())
+def _mxfp4_to_nvfp4_op(weight: torch.Tensor, scale: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_meta(weight, scale)
+    try:
+        return fmt.mxfp4_to_nvfp4(weight, scale)
+    except ValueError as e:
+        raise NVFP4InputError(f"nvfp4.{e}") from None
+
+
+@_mxfp4_to_nvfp4_op.register_fake
+def _(weight, scale):
+    _check_meta(weight, scale)
+    lead = tuple(weight.shape[:-1])
+    k = weight.shape[-1] * 2
+    return (weight.new_empty((*lead, k // fmt.BLOCK_SIZE), dtype=torch.float8_e4m3fn),
+            weight.new_empty(lead, dtype=torch.float32))
+
+
+def mxfp4_to_nvfp4(weight: torch.Tensor, scale: torch.Tensor, *, name: str = "weight"
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact NVFP4 scales of MXFP4 weights (``torch.ops.nvfp4.mxfp4_to_nvfp4``).
+
+    The codes ``weight`` are used unchanged: ``(weight, block_scale, global_scale)`` is an
+    NVFP4 weight with one global scale per row, and
+    ``nvfp4_ops.dequantize(weight, block_scale, global_scale)`` is bitwise
+    ``nvfp4_ops.format.mxfp4_dequantize(weight, scale)``.
+
+    Per row: ``global_scale = 2^max(e_max - 8, -126)``, ``e_max`` the largest scale exponent
+    (``byte - 127``) among the row's 32-blocks that hold a non-zero code; each block's e4m3
+    scale is ``2^(e - log2(global_scale))`` on both of its 16-blocks; blocks of only +-0 codes
+    get scale 0, a row of only such blocks ``global_scale = 1``.
+
+    **Representable inputs**: no scale is 0xFF (NaN), and in every row each block holding a
+    non-zero code has ``e >= e_max - 17``, i.e. the row's non-zero blocks span at most 18
+    binades (the range of power-of-two e4m3 scales, ``2^-9 .. 2^8``). All-zero blocks are
+    unconstrained. Anything else raises (no rounding ever happens).
+
+    Args:
+        weight: ``uint8 [..., K/2]`` MXFP4 codes (two e2m1 per byte, low nibble = even k),
+            ``K % 32 == 0``; e.g. vLLM's ``w13_weight [E, 2I, H/2]``.
+        scale: ``uint8`` or ``float8_e8m0fnu [..., K/32]`` UE8M0 scales, row-major, same
+            device; e.g. ``w13_weight_scale [E, 2I, H/32]``.
+        name: what the error messages call the tensor (e.g. the layer and parameter).
+
+    Returns:
+        ``(block_scale float8_e4m3fn [..., K/16], global_scale float32 [...])`` on the same
+        device: the ``w13_scale`` / ``w13_global [E, 2I]`` (or ``w2_*``, ``[E, H]``) that
+        :func:`nvfp4_ops.moe` takes.
+
+    Raises:
+        NVFP4InputError: wrong dtypes, shapes or devices; a NaN scale (its position); a row the
+            representation cannot hold (the row index, the block, the exponents seen). Every
+            message starts with ``name``.
+    """
+    try:
+        return torch.ops.nvfp4.mxfp4_to_nvfp4(weight, scale)
+    except NVFP4InputError as e:
+        raise NVFP4InputError(f"{name}: {e}") from None

@@ -1,0 +1,207 @@
+"""The dispatch policy (:mod:`nvfp4_ops.kernels.dispatch`) on the CPU: which family serves which
+tile, the fallbacks, the MoE plan, the weight orders, and the import structure (no cycles)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nvfp4_ops"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """``nvfp4_ops`` module -> the ``nvfp4_ops`` modules it imports (anywhere in its body:
+    function-level imports count, they are edges too), from the source with ``ast``."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        modules[".".join(parts)] = (path, is_pkg)
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_pkg) in modules.items():
+        edges = set()
+        package = name if is_pkg else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                # ``from pkg import mod`` imports mod; ``from mod import name`` imports mod
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            for t in targets:
+                # the longest known module the import names
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    edges.add(t)
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_cycle_among_package_modules():
+    graph = _module_imports()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_layers_point_down():
+    """The compile cache imports nothing of the package; the kernels never import the ops,
+    the warm-up or the dispatch's callers; the dispatch imports no launcher."""
+    graph = _module_imports()
+    assert graph["nvfp4_ops._compile"] <= {"nvfp4_ops._env"}
+    for name, edges in graph.items():
+        if name.startswith("nvfp4_ops.kernels"):
+            assert not any(e.startswith(("nvfp4_ops.ops", "nvfp4_ops._warmup", "nvfp4_ops.cli"))
+                           for e in edges), (name, edges)
+        if name.startswith("nvfp4_ops.kernels.cute") or name.startswith(
+                "nvfp4_ops.kernels.triton"):
+            assert not edges & {"nvfp4_ops.kernels.dispatch", "nvfp4_ops.kernels.linear_cuda",
+                                "nvfp4_ops.kernels.moe_cuda"}, (name, edges)
+    assert not graph["nvfp4_ops.kernels.dispatch"] & {"nvfp4_ops.kernels.linear_cuda",
+                                                      "nvfp4_ops.kernels.moe_cuda"}
+
+
+def test_the_cycle_test_can_fail(tmp_path, monkeypatch):
+    """Negative control: two modules importing each other are reported."""
+    pkg = tmp_path / "nvfp4_ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from nvfp4_ops import b\n")
+    (pkg / "b.py").write_text("def f():\n    from nvfp4_ops.a import x\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_no_import_cycle_among_package_modules()
+
+
+# ---------------------------------------------------------------------------- the rules
+
+cutlass = pytest.importorskip("cutlass")
+from nvfp4_ops.kernels import dispatch as D  # noqa: E402
+
+W = D.WeightOrder
+
+
+def _plan(n, k, bm, epilogue="none", **kw):
+    return D.plan_gemm(n, k, bm, epilogue=epilogue, **kw)
+
+
+def test_families_and_fallbacks():
+    assert _plan(7168, 18432, 8).family == "stream"
+    assert _plan(7168, 18432, 16).family == "mma"
+    assert _plan(4096, 4096, 16, "swiglu", grouped=True).family == "wgmma"
+    assert _plan(7168, 18432, 256).family == "wgmma"
+    # N_out = 80: not a multiple of 64 -> dense falls back to mma.sync's largest tile
+    plan = _plan(80, 1024, 128)
+    assert plan.family == "mma" and plan.block_m == 64
+    # ... but a grouped tile cannot change (the routing padded to it): refused up front
+    with pytest.raises(ValueError, match="no kernel covers grouped"):
+        _plan(80, 1024, 128, grouped=True)
+    assert _plan(80, 1024, 16, grouped=True).family == "mma"  # mma.sync has 16-row tiles
+    # K % 256 != 0: the streamed kernel refuses, mma.sync takes the 8-token tile
+    assert _plan(4096, 1152, 8).family == "mma"
+    assert [D.dense_block_m(m) for m in (1, 9, 17, 33, 65, 256, 257, 512)] == \
+        [8, 16, 32, 64, 128, 128, 256, 256]
+    # shapes no kernel covers run the reference
+    assert D.plan_linear(100, 4096, 1) is None and D.plan_linear(4096, 4000, 1) is None
+    assert D.plan_mlp(4096, 100, 1) is None
+
+
+def test_permuted_orders_and_the_moe_plan():
+    """Permuted activations: the MoE's WGMMA tiles (32-block order) and streamed 8-token tiles
+    (pair order); the order each plan reads is the one the gather writes."""
+    for bm in D.BLOCK_MS:
+        for n, k, epi in ((4096, 4096, "swiglu"), (4096, 2048, "row_scale")):
+            for m_tiles in (None, 1, 9):
+                plan = _plan(n, k, bm, epi, grouped=True, m_tiles=m_tiles, permuted=True)
+                assert plan.config.kperm and plan.config.grouped and plan.block_m == bm
+                assert plan.act_order == ("pair" if bm == 8 else "kperm")
+                assert plan.family == ("stream" if bm == 8 else "wgmma")
+                assert _plan(n, k, bm, epi, grouped=True, m_tiles=m_tiles).act_order == \
+                    "natural"
+    # the pair-order decode gate/up keeps the persistent choice at few token tiles
+    assert _plan(4096, 4096, 8, "swiglu", grouped=True, m_tiles=6, permuted=True).config.ctas
+    assert not _plan(4096, 4096, 8, "swiglu", grouped=True, m_tiles=9,
+                     permuted=True).config.ctas
+    for kw in (dict(block_m=8, grouped=False), dict(block_m=128, grouped=False),
+               dict(block_m=8, grouped=True, k=1152)):  # K % 256: mma.sync fallback
+        kw.setdefault("k", 4096)
+        bm = kw.pop("block_m")
+        with pytest.raises(ValueError, match="k-permuted"):
+            D.plan_gemm(4096, kw.pop("k"), bm, epilogue="swiglu", permuted=True, **kw)
+
+
+def test_moe_plan_is_asked_once_and_consistent():
+    """The MoE's plan: the tile of the mean rows per expert that both GEMMs cover, its
+    family's permuted order, the padded rows, and two GEMM plans that agree with it."""
+    flash = [D.plan_moe(t, 6, 256, 4096, 2048) for t in (1, 128, 512, 4096, 16384)]
+    assert [p.block_m for p in flash] == [8, 8, 16, 128, 256]
+    assert [p.act_order for p in flash] == ["pair", "pair", "kperm", "kperm", "kperm"]
+    for p in flash:
+        assert p.gate_up.act_order == p.down.act_order == p.act_order
+        assert p.gate_up.block_m == p.down.block_m == p.block_m
+        assert p.gate_up.config.epilogue == "swiglu" and p.down.config.epilogue == "row_scale"
+        assert p.gate_up.config.pdl and p.down.config.pdl
+        assert p.num_rows % p.block_m == 0
+    assert D.plan_moe(1, 6, 256, 4096, 2048).num_rows == 48  # 6 slots + 6 * 7 padding
+    # tiny (H = 256, I = 128): the down GEMM (K = 128) is not streamed at 8 -> natural there
+    assert D.plan_moe(3, 6, 64, 256, 128).act_order == "natural"
+    assert [D._grouped_permuted(256, 128, bm) for bm in D.BLOCK_MS] == [False] + [True] * 5
+    assert D.plan_moe(3, 6, 64, 200, 128) is None  # H % 128: the reference
+    with pytest.raises(ValueError, match="not wfrag"):
+        D.plan_moe(3, 6, 64, 4096, 2048, order=W.WFRAG)
+    wp = D.plan_moe(8, 6, 256, 4096, 2048, order=W.WPERM)
+    assert wp.gate_up.config.wperm and wp.down.config.wperm
+    assert D.moe_wperm_supported(4096, 2048) and D.moe_wperm_supported(7168, 3072)
+    assert not D.moe_wperm_supported(256, 128)
+
+
+def test_moe_block_m_rule():
+    assert D.moe_block_m(6, 256) == 8
+    assert D.moe_block_m(6 * 128, 256) == 8
+    assert D.moe_block_m(6 * 512, 256) == 16
+    assert D.moe_block_m(6 * 4096, 256) == 128
+    assert D.moe_block_m(6 * 16384, 256) == 256
+    assert all(D.moe_block_m(n, 256) in D.BLOCK_MS for n in range(0, 10**5, 997))
+    # every size moe_supported accepts (H, I multiples of 128) has a kernel at every tile
+    for hidden_size, inter in [(4096, 2048), (7168, 3072), (256, 128), (384, 640)]:
+        for bm in D.BLOCK_MS:
+            assert D._moe_tile(bm, hidden_size, inter) == bm
+
+
+def test_plans_are_frozen_and_configs_built_once():
+    plan = D.plan_linear(7168, 18432, 16, order=W.WFRAG)
+    with pytest.raises(AttributeError):
+        plan.family = "mma"  # frozen
+    assert plan is D.plan_linear(7168, 18432, 16, order=W.WFRAG) or plan == D.plan_linear(
+        7168, 18432, 16, order=W.WFRAG)
+    assert plan.streamk and plan.weight_order is W.WFRAG and plan.act_order == "natural"
+    assert D.plan_of_config(plan.config) == plan

@@ -1,0 +1,332 @@
+"""MXFP4 weights (DeepSeek's routed-expert format) on the GPU: the conversion
+``nvfp4::mxfp4_to_nvfp4`` on CUDA tensors equals the CPU conversion bitwise, and ``nvfp4::moe``
+on the converted weights (one global scale per row) matches an independent reference computed
+from the MXFP4 tensors: V4-Flash and V4-Pro H/I with few experts, several T, EP with
+``expert_start > 0``, the ``wperm`` order, CUDA-graph replay with new routing, torch.compile.
+
+Every MoE test runs the real CUDA path: the module fixture makes ``CUDA_KERNELS["moe"]`` point
+at ``moe_cuda`` and checks that the op dispatches to it (as tests/test_moe_gpu.py does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import nvfp4_ops
+from nvfp4_ops import format as fmt
+from nvfp4_ops import kernels
+from nvfp4_ops.testing import random_routing, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+MOE_KERNEL = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
+FLASH = nvfp4_ops.get_shape("v4-flash")
+PRO = nvfp4_ops.get_shape("v4-pro")
+NUM_EXPERTS = 8  # few experts, the real H and I
+# As in tests/test_moe_gpu.py: per-slot bf16 rounding of the weighted expert outputs before
+# the fp32 combine gives ~2.5e-3 relative L2 against a reference that keeps them fp32.
+REL_L2 = 4e-3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_moe_kernel():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    saved = kernels.CUDA_KERNELS.get("moe")
+    kernels.CUDA_KERNELS["moe"] = MOE_KERNEL
+    from nvfp4_ops.kernels import moe_cuda
+
+    assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda
+    yield
+    if saved is None:
+        kernels.CUDA_KERNELS.pop("moe")
+    else:
+        kernels.CUDA_KERNELS["moe"] = saved
+
+
+@dataclass
+class Mxfp4Experts:
+    """MXFP4 experts (as vLLM's Mxfp4MoEMethod holds them) and their exact NVFP4 form."""
+
+    w13: torch.Tensor  # uint8 [E, 2I, H/2]
+    s13: torch.Tensor  # uint8 e8m0 [E, 2I, H/32]
+    w2: torch.Tensor  # uint8 [E, H, I/2]
+    s2: torch.Tensor  # uint8 e8m0 [E, H, I/32]
+    b13: torch.Tensor | None = None  # e4m3 [E, 2I, H/16]
+    g13: torch.Tensor | None = None  # fp32 [E, 2I]
+    b2: torch.Tensor | None = None  # e4m3 [E, H, I/16]
+    g2: torch.Tensor | None = None  # fp32 [E, H]
+
+    def args(self, w13=None, w2=None) -> tuple[torch.Tensor, ...]:
+        return (self.w13 if w13 is None else w13, self.b13, self.g13,
+                self.w2 if w2 is None else w2, self.b2, self.g2)
+
+
+def _mx_proj(rows, k, std, gen, row_binades=10, block_binades=6):
+    """Gaussian weights times 2^-r per row and 2^-b per 32-block, quantized to MXFP4 on the
+    GPU: the block exponents of one tensor spread over ~16+ binades, <= 18 within a row."""
+    w = torch.randn(rows, k, device="cuda", generator=gen) * std
+    r = torch.randint(0, row_binades, (rows, 1, 1), device="cuda", generator=gen)
+    b = torch.randint(0, block_binades, (rows, k // 32, 1), device="cuda", generator=gen)
+    w = (w.view(rows, k // 32, 32) * torch.exp2(-(r + b).float())).view(rows, k)
+    return fmt.mxfp4_quantize(w)
+
+
+def _mx_experts(shape, seed, num_experts=NUM_EXPERTS) -> Mxfp4Experts:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    hidden, inter = shape.hidden, shape.intermediate
+    w13 = torch.empty(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8, device="cuda")
+    s13 = torch.empty(num_experts, 2 * inter, hidden // 32, dtype=torch.uint8, device="cuda")
+    w2 = torch.empty(num_experts, hidden, inter // 2, dtype=torch.uint8, device="cuda")
+    s2 = torch.empty(num_experts, hidden, inter // 32, dtype=torch.uint8, device="cuda")
+    for e in range(num_experts):
+        w13[e, :inter], s13[e, :inter] = _mx_proj(inter, hidden, 0.02, gen)
+        w13[e, inter:], s13[e, inter:] = _mx_proj(inter, hidden, 0.05, gen)
+        w2[e], s2[e] = _mx_proj(hidden, inter, 0.02, gen)
+    mx = Mxfp4Experts(w13, s13, w2, s2)
+    mx.b13, mx.g13 = nvfp4_ops.mxfp4_to_nvfp4(w13, s13, name="w13")
+    mx.b2, mx.g2 = nvfp4_ops.mxfp4_to_nvfp4(w2, s2, name="w2")
+    return mx
+
+
+@pytest.fixture(scope="module")
+def flash():
+    return _mx_experts(FLASH, 0)
+
+
+@pytest.fixture(scope="module")
+def pro():
+    return _mx_experts(PRO, 1)
+
+
+def _shape_and_experts(name, flash, pro):
+    return (FLASH, flash) if name == "v4-flash" else (PRO, pro)
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """NaN-fill the caching allocator's free blocks, so an output row the kernels forget to
+    write shows up as NaN."""
+    junk = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    del junk
+
+
+def _hidden(num_tokens, hidden_size):
+    return torch.randn(num_tokens, hidden_size, device="cuda").to(torch.bfloat16)
+
+
+def _reference(hidden, ids, weights, mx: Mxfp4Experts, expert_start, limit, output_scale):
+    """Independent of the conversion: each touched expert dequantized from its MXFP4 tensors
+    (``format.mxfp4_dequantize``) to fp32, fp32 matmuls, clamped SwiGLU in fp32 rounded to bf16
+    (where the op's contract rounds), the k weighted outputs summed in fp32, one bf16 round."""
+    num_tokens, top_k = ids.shape
+    inter = mx.w13.shape[1] // 2
+    acc = torch.zeros(num_tokens, top_k, hidden.shape[1], device="cuda")
+    local = ids.long() - expert_start
+    for e in range(mx.w13.shape[0]):
+        tok, slot = torch.nonzero(local == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        gate_up = hidden[tok].float() @ fmt.mxfp4_dequantize(mx.w13[e], mx.s13[e]).T
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        if limit is not None:
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        act = (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
+        y = act.float() @ fmt.mxfp4_dequantize(mx.w2[e], mx.s2[e]).T
+        acc[tok, slot] = y * weights[tok, slot].float().unsqueeze(-1)
+    return (acc.sum(dim=1) * output_scale).to(torch.bfloat16)
+
+
+def _check(got, want, what):
+    assert got.shape == want.shape and got.dtype == torch.bfloat16, what
+    assert not got.isnan().any(), f"{what}: NaN in output"
+    err = rel_l2(got, want)
+    assert err < REL_L2, f"{what}: relative L2 {err:.2e}"
+    tol = 0.02 * want.float().abs().max().item() + 1e-3
+    max_err = (got.float() - want.float()).abs().max().item()
+    assert max_err < tol, f"{what}: max abs error {max_err:.3e} (tolerance {tol:.3e})"
+
+
+# ---------------------------------------------------------------- the conversion on CUDA
+
+
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_cuda_conversion_equals_cpu_bitwise(flash, pro, shape_name):
+    """Same bytes from the CUDA and the CPU conversion (V4-Pro's w2 takes several chunks), and
+    the converted weights dequantize bitwise to the MXFP4 ones on the GPU too."""
+    _, mx = _shape_and_experts(shape_name, flash, pro)
+    for codes, scale, block, glob in ((mx.w13, mx.s13, mx.b13, mx.g13),
+                                      (mx.w2, mx.s2, mx.b2, mx.g2)):
+        assert block.is_cuda and glob.is_cuda
+        cpu_block, cpu_glob = nvfp4_ops.mxfp4_to_nvfp4(codes.cpu(), scale.cpu())
+        assert torch.equal(block.view(torch.uint8).cpu(), cpu_block.view(torch.uint8))
+        assert torch.equal(glob.cpu(), cpu_glob)
+        for e in (0, codes.shape[0] - 1):
+            assert torch.equal(fmt.dequantize(codes[e], block[e], glob[e]),
+                               fmt.mxfp4_dequantize(codes[e], scale[e]))
+    e = mx.s13.int() - 127
+    assert int(e.max() - e.min()) >= 15  # a wide spread across one tensor ...
+    assert mx.g13[:, :mx.w13.shape[1] // 2].unique().numel() > 2  # ... needing per-row scales
+
+
+def test_cuda_conversion_refusals_match_cpu(flash):
+    codes, scale = flash.w2[:2].clone(), flash.s2[:2].clone()
+    scale[1, 5, 3] = 0xFF
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match=r"w2: .*scale\[1, 5, 3\] is 0xFF"):
+        nvfp4_ops.mxfp4_to_nvfp4(codes, scale, name="w2")
+    scale = flash.s2[:2].clone()
+    scale[0, 9] = 127
+    scale[0, 9, 2] = 127 - 18
+    codes[0, 9, 32:48] |= 0x11  # block 2 holds non-zero codes
+    messages = []
+    for device in ("cuda", "cpu"):
+        with pytest.raises(nvfp4_ops.NVFP4InputError) as info:
+            nvfp4_ops.mxfp4_to_nvfp4(codes.to(device), scale.to(device), name="w2")
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "row [0, 9]" in messages[0]
+    assert "block 2" in messages[0]
+    torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- the MoE on converted weights
+
+
+def _run(shape, mx, hidden, ids, weights, expert_start=0, output_scale=1.5, **kw):
+    _poison_allocator(8 * (hidden.shape[0] * shape.top_k + 64 * mx.w13.shape[0])
+                      * (shape.hidden + shape.intermediate) + 2**20)
+    got = nvfp4_ops.moe(hidden, ids, weights, *mx.args(), expert_start=expert_start,
+                        swiglu_limit=shape.swiglu_limit, output_scale=output_scale, **kw)
+    want = _reference(hidden, ids, weights, mx, expert_start, shape.swiglu_limit, output_scale)
+    return got, want
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 199, 1024])
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_moe_on_converted_weights_matches_reference(flash, pro, shape_name, num_tokens):
+    shape, mx = _shape_and_experts(shape_name, flash, pro)
+    torch.manual_seed(10 + num_tokens)
+    hidden = _hidden(num_tokens, shape.hidden)
+    ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+    got, want = _run(shape, mx, hidden, ids, weights)
+    _check(got, want, f"{shape_name} T={num_tokens}")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 37, 1024])
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_wperm_codes_give_bitwise_the_same_result(flash, pro, shape_name, num_tokens):
+    """The glue's CUDA preparation: codes permuted in place after the conversion
+    (``to_wperm_``), op called with ``wperm=True``: bitwise the checkpoint-order result."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    shape, mx = _shape_and_experts(shape_name, flash, pro)
+    assert moe_cuda.wperm_supported(shape.hidden, shape.intermediate)
+    w13, w2 = mx.w13.clone(), mx.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    torch.manual_seed(20 + num_tokens)
+    hidden = _hidden(num_tokens, shape.hidden)
+    ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+    kw = dict(swiglu_limit=shape.swiglu_limit, output_scale=1.5)
+    want = nvfp4_ops.moe(hidden, ids, weights, *mx.args(), **kw)
+    _poison_allocator(2**28)
+    got = nvfp4_ops.moe(hidden, ids, weights, *mx.args(w13, w2), wperm=True, **kw)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 199])
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_expert_parallel_slice(flash, pro, shape_name, num_tokens):
+    """This rank owns global experts [16, 24) of 32: other ids contribute nothing, a token with
+    no local expert gets exactly 0."""
+    shape, mx = _shape_and_experts(shape_name, flash, pro)
+    start, total = 16, 32
+    torch.manual_seed(30 + num_tokens)
+    hidden = _hidden(num_tokens, shape.hidden)
+    ids, weights = random_routing(num_tokens, total, shape.top_k, device="cuda")
+    ids[0] = torch.tensor([0, 1, 2, 3, 30, 31], device="cuda", dtype=ids.dtype)
+    if num_tokens > 1:
+        ids[1] = torch.tensor([16, 17, 18, 19, 20, 23], device="cuda", dtype=ids.dtype)
+    got, want = _run(shape, mx, hidden, ids, weights, expert_start=start,
+                     global_num_experts=total)
+    assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
+    _check(got, want, f"{shape_name} EP start={start} T={num_tokens}")
+
+
+@pytest.mark.parametrize("num_tokens", [8, 37])
+def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
+    """Captured once on the converted weights (the wperm order, as the glue prepares them on
+    CUDA), replayed with new hidden states and new routing copied into the static buffers:
+    each replay equals the eager op and the reference, and changes from the previous one."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    moe_cuda.warmup_triton(FLASH.hidden, FLASH.top_k)
+    w13, w2 = flash.w13.clone(), flash.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    args = flash.args(w13, w2)
+    torch.manual_seed(40 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
+
+    def call():
+        return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
+                             output_scale=1.5, wperm=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # compiles / loads every kernel of this tile before capture
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    previous = None
+    for step in range(4):
+        new_ids, new_weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k,
+                                              device="cuda")
+        if step == 3:  # skewed: every slot to two experts
+            new_ids[:, :] = torch.tensor([3, 4] * (FLASH.top_k // 2), device="cuda",
+                                         dtype=new_ids.dtype)
+        hidden.copy_(_hidden(num_tokens, FLASH.hidden))
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = call()
+        assert torch.equal(static_out, eager), f"replay {step} != eager"
+        if previous is not None:
+            assert not torch.equal(static_out, previous), "replay output did not change"
+        previous = static_out.clone()
+        want = _reference(hidden, ids, weights, flash, 0, FLASH.swiglu_limit, 1.5)
+        _check(static_out, want, f"graph replay {step}")
+
+
+def test_torch_compile_fullgraph_matches_eager(flash):
+    """torch.compile(fullgraph=True) of a layer calling the op on the converted weights, with a
+    dynamic token count, bitwise equal to eager."""
+    torch._dynamo.reset()
+    args = flash.args()
+
+    def layer(hidden, ids, weights):
+        return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
+                             output_scale=1.5)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for num_tokens in (5, 37, 1, 130):
+        torch.manual_seed(50 + num_tokens)
+        hidden = _hidden(num_tokens, FLASH.hidden)
+        ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
+        for t in (hidden, ids, weights):
+            torch._dynamo.mark_dynamic(t, 0)
+        assert torch.equal(compiled(hidden, ids, weights), layer(hidden, ids, weights)), (
+            f"T={num_tokens}")
+
+
+def test_opcheck_conversion_cuda(flash):
+    torch.library.opcheck(torch.ops.nvfp4.mxfp4_to_nvfp4.default,
+                          (flash.w2[:2].contiguous(), flash.s2[:2].contiguous()))
