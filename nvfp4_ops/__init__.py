@@ -9,7 +9,15 @@ loaded on first use.
 from __future__ import annotations
 
 from nvfp4_ops import format
-from nvfp4_ops._validate import NVFP4InputError, set_value_checks
+from nvfp4_ops._device import NVFP4UnsupportedGPUError
+from nvfp4_ops._env import NVFP4EnvError
+from nvfp4_ops._validate import (
+    NVFP4InputError,
+    check_linear_weights,
+    check_mlp_weights,
+    check_moe_weights,
+    set_value_checks,
+)
 from nvfp4_ops._warmup import LinearLayer, MLPLayer, MoELayer, warmup
 from nvfp4_ops.ops import (
     dequantize,
@@ -29,9 +37,14 @@ __all__ = [
     "LinearLayer",
     "MLPLayer",
     "MoELayer",
+    "NVFP4EnvError",
     "NVFP4InputError",
+    "NVFP4UnsupportedGPUError",
     "MoEShape",
     "SHAPES",
+    "check_linear_weights",
+    "check_mlp_weights",
+    "check_moe_weights",
     "dequantize",
     "format",
     "get_shape",

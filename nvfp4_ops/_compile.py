@@ -10,16 +10,29 @@ object exported with ``export_to_c`` and loaded with
 ``cute.runtime.load_module(..., enable_tvm_ffi=True)``), then a fresh compile (exported to disk
 for the next process). The fingerprint folder changes whenever the package sources, the
 cutlass-dsl or tvm-ffi versions, the target arch or the host CPU change, so a stale binary is
-never loaded. Writers take a per-key ``fcntl`` lock and publish with an atomic rename; a file
-that fails to load is deleted and rebuilt.
+never loaded.
 
-Environment:
+Disk cache rules:
+
+* Every ``<name>.o`` has a sidecar ``<name>.sha256`` (``sha256sum`` format) written before the
+  object is published; a file whose bytes do not match (or that fails to load) is reported
+  once on stderr and rebuilt, so flipped bytes are never loaded.
+* Reading needs no lock and no write access (publishing is an atomic rename): a read-only,
+  fully populated cache loads. Writers take a per-key ``fcntl`` lock, look again under it
+  (another process may have just published the key), compile and publish.
+* A cache folder that cannot be created or used (``NVFP4_OPS_CACHE_DIR`` naming a file, an
+  unwritable parent) means memory only, with one warning naming ``NVFP4_OPS_CACHE_DIR``; a
+  folder that refuses writes (read-only) still serves what it holds, and kernels compiled
+  beyond that stay in memory (one warning).
+
+Environment (read at use; the spellings of :mod:`nvfp4_ops._env`):
 
 * ``NVFP4_OPS_CACHE_DIR``: cache root (default ``~/.cache/nvfp4_ops``).
-* ``NVFP4_OPS_DISK_CACHE=0``: no disk cache (memory only).
-* ``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP=1``: after :func:`nvfp4_ops.warmup`, any compile raises
-  :class:`CompileAfterWarmupError` (also :func:`set_no_compile_after_warmup`). Loading from the
-  disk cache is not a compile and stays allowed.
+* ``NVFP4_OPS_DISK_CACHE`` (boolean, default on): off means no disk cache (memory only).
+* ``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP`` (boolean, default off): after
+  :func:`nvfp4_ops.warmup`, any compile raises :class:`CompileAfterWarmupError` (also
+  :func:`set_no_compile_after_warmup`). Loading from the disk cache is not a compile and stays
+  allowed.
 
 This module imports nothing else of the package (warm-up, which needs the dispatch, lives in
 :mod:`nvfp4_ops.warmup`); cutlass is imported inside functions only.
@@ -36,9 +49,12 @@ import os
 import platform
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
+
+from nvfp4_ops import _env
 
 __all__ = [
     "CompileAfterWarmupError",
@@ -122,20 +138,64 @@ def _fingerprint_cached(arch: str) -> str:
     return fingerprint()
 
 
+def cache_root() -> Path:
+    """``NVFP4_OPS_CACHE_DIR``, else ``~/.cache/nvfp4_ops`` (the folder above the fingerprint
+    folders)."""
+    root = _env.path(_env.CACHE_DIR)
+    return Path(root) if root else Path.home() / ".cache" / "nvfp4_ops"
+
+
+#: Problems already warned about (one warning per problem and folder per process).
+_warned: set[str] = set()
+#: Cache files already reported as corrupt on stderr (one report per file per process).
+_reported: set[str] = set()
+#: Folders that refused a write: later misses compile into memory without trying again.
+_unwritable: set[Path] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot serve as the cache folder, or None (it exists or was created)."""
+    try:
+        if folder.is_dir():
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
 def cache_dir() -> Path | None:
-    """``<root>/<fingerprint>``, or None when ``NVFP4_OPS_DISK_CACHE=0``."""
-    if os.environ.get("NVFP4_OPS_DISK_CACHE", "1") == "0":
+    """``<root>/<fingerprint>`` (created if missing), or None for memory only: when
+    ``NVFP4_OPS_DISK_CACHE`` is off, or when the folder cannot be created or used (then one
+    ``RuntimeWarning`` names ``NVFP4_OPS_CACHE_DIR``).
+
+    Raises:
+        nvfp4_ops._env.NVFP4EnvError: ``NVFP4_OPS_DISK_CACHE`` holds something else than a
+            boolean spelling.
+    """
+    if not _env.flag(_env.DISK_CACHE, True):
         return None
-    root = os.environ.get("NVFP4_OPS_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "nvfp4_ops"
-    )
-    return Path(root) / _fingerprint_cached(target_arch())
+    folder = cache_root() / _fingerprint_cached(target_arch())
+    problem = _folder_problem(folder)
+    if problem is not None:
+        _warn_once(f"unusable:{folder}", (
+            f"nvfp4_ops: the kernel cache folder {folder} cannot be used ({problem}); "
+            f"compiled kernels stay in memory for this process. Point {_env.CACHE_DIR} at a "
+            f"writable directory (or set {_env.DISK_CACHE}=0 to go without a disk cache)."))
+        return None
+    return folder
 
 
 def _guard_on() -> bool:
     if _state["guard"] is not None:
         return bool(_state["guard"])
-    return os.environ.get("NVFP4_OPS_NO_COMPILE_AFTER_WARMUP", "0") == "1"
+    return _env.flag(_env.NO_COMPILE_AFTER_WARMUP, False)
 
 
 def set_no_compile_after_warmup(enabled: bool | None) -> None:
@@ -168,15 +228,39 @@ def clear_memory_cache() -> None:
         _memory.clear()
 
 
+def _open_lock_file(path: Path):
+    """The lock file, opened for locking (a seam: tests replace it to act as a read-only
+    folder even when they run as root)."""
+    return open(path, "a+")  # noqa: SIM115 - closed by _file_lock
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+def _file_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive ``fcntl`` lock on ``path`` (created if missing) while the block runs.
+
+    Yields False, holding nothing, when the lock file cannot be created or opened (a
+    read-only or vanished folder): the caller must not write then. On a file system without
+    ``flock`` it yields True unlocked: publishing by atomic rename keeps readers safe, and
+    two writers only compile the same key twice.
+    """
+    try:
+        fh = _open_lock_file(path)
+    except OSError:
+        fh = None
+    if fh is None:
+        yield False
+        return
+    with fh:
         try:
-            yield
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            locked = True
+        except OSError:
+            locked = False
+        try:
+            yield True
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _default_export(compiled: Any, path: str, symbol: str) -> None:
@@ -189,6 +273,101 @@ def _default_load(path: str, symbol: str) -> Callable:
 
     module = cute.runtime.load_module(path, enable_tvm_ffi=True)
     return getattr(module, symbol)
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar of cache file ``<name>.o``: ``<name>.sha256``."""
+    return path.with_suffix(".sha256")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _checksum_problem(path: Path) -> str | None:
+    """None when ``path``'s bytes match its sidecar, else what is wrong."""
+    try:
+        recorded = checksum_path(path).read_text().split()
+    except FileNotFoundError:
+        return f"its checksum file {checksum_path(path).name} is missing"
+    except OSError as exc:
+        return f"its checksum file cannot be read ({exc})"
+    actual = _sha256(path)
+    if not recorded or recorded[0] != actual:
+        seen = recorded[0][:16] if recorded else "nothing"
+        return f"sha256 {actual[:16]}... differs from the recorded {seen}..."
+    return None
+
+
+def _try_load(path: Path, name: str, load: Callable[[str, str], Callable]) -> Callable | None:
+    """The binary at ``path`` if it is there, matches its checksum and loads; else None (a
+    bad file is reported once on stderr; the caller rebuilds it)."""
+    try:
+        if not path.is_file():
+            return None
+        problem = _checksum_problem(path)
+    except OSError as exc:
+        problem = f"it cannot be read ({exc})"
+    if problem is None:
+        try:
+            return load(str(path), name)
+        except Exception as exc:  # noqa: BLE001 - any load failure means rebuild
+            problem = f"it does not load ({type(exc).__name__}: {exc})"
+    if str(path) not in _reported:
+        _reported.add(str(path))
+        print(f"nvfp4_ops: rebuilding cache file {path}: {problem}", file=sys.stderr)
+    return None
+
+
+def _refuse_writes(folder: Path, why: str) -> None:
+    _unwritable.add(folder)
+    _warn_once(f"readonly:{folder}", (
+        f"nvfp4_ops: cannot write to the kernel cache folder {folder} ({why}); binaries it "
+        f"holds still load, kernels compiled from now on stay in memory for this process. "
+        f"Point {_env.CACHE_DIR} at a writable directory to keep them."))
+
+
+def _publish(compiled: Any, folder: Path, path: Path, name: str,
+             export: Callable[[Any, str, str], None]) -> None:
+    """Export ``compiled`` to ``path`` with its checksum sidecar: both written to temporary
+    names, then renamed, sidecar first (so a published ``.o`` always has one). A folder that
+    refuses the write is marked read-only (one warning); the binary stays in memory."""
+    tmp = path.with_name(f"{name}.{os.getpid()}.tmp.o")
+    tmp_sum = path.with_name(f"{name}.{os.getpid()}.tmp.sha256")
+    try:
+        export(compiled, str(tmp), name)
+        tmp_sum.write_text(f"{_sha256(tmp)}  {path.name}\n")
+        os.replace(tmp_sum, checksum_path(path))
+        os.replace(tmp, path)
+    except OSError as exc:
+        _refuse_writes(folder, f"{type(exc).__name__}: {exc.strerror or exc}")
+    finally:
+        for leftover in (tmp, tmp_sum):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def _from_disk(key: Hashable, folder: Path, build: Callable[[], Any],
+               export: Callable[[Any, str, str], None],
+               load: Callable[[str, str], Callable]) -> Callable:
+    name = key.name  # type: ignore[attr-defined]
+    path = folder / f"{name}.o"
+    fn = _try_load(path, name, load)  # no lock: a published file is complete
+    if fn is not None:
+        return fn
+    if folder in _unwritable:
+        return _build(key, build)
+    with _file_lock(folder / f"{name}.lock") as may_write:
+        if not may_write:
+            _refuse_writes(folder, "its lock file cannot be created")
+            return _build(key, build)
+        fn = _try_load(path, name, load)  # another process may have published it meanwhile
+        if fn is not None:
+            return fn
+        compiled = _build(key, build)
+        _publish(compiled, folder, path, name, export)
+        return compiled
 
 
 def get_compiled(
@@ -215,30 +394,11 @@ def get_compiled(
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        name = key.name  # type: ignore[attr-defined]
         folder = cache_dir()
         if folder is None:
             fn = _build(key, build)
         else:
-            path = folder / f"{name}.o"
-            with _file_lock(folder / f"{name}.lock"):
-                if path.exists():
-                    try:
-                        fn = load(str(path), name)
-                    except Exception as exc:  # corrupt or truncated file: rebuild it
-                        print(f"nvfp4_ops: rebuilding unreadable cache file {path}: {exc}",
-                              file=sys.stderr)
-                        path.unlink(missing_ok=True)
-                        fn = None
-                if fn is None:
-                    compiled = _build(key, build)
-                    tmp = path.with_name(f"{name}.{os.getpid()}.tmp.o")
-                    try:
-                        export(compiled, str(tmp), name)
-                        os.replace(tmp, path)
-                    finally:
-                        tmp.unlink(missing_ok=True)
-                    fn = compiled
+            fn = _from_disk(key, folder, build, export, load)
         _memory[key] = fn
         return fn
 

@@ -1,36 +1,49 @@
 """Argument checks shared by every op, with errors that name the argument, what was expected
-and what was seen.
+and what was seen. What is checked when depends on where the data lives:
 
-Two levels:
-
-* ``check_*_meta`` look only at shapes, dtypes and devices. They run in the op bodies *and*
-  in the fakes, so a bad call fails the same way eagerly, under ``torch.compile`` and in
-  export, before any kernel is launched.
-* ``check_*_values`` read data (expert ids in range, global scales finite and positive).
-  Reading a CUDA tensor is a host sync, so they are skipped while a CUDA graph is being
-  captured, and can be switched off with ``NVFP4_OPS_VALUE_CHECKS=0`` (or
-  :func:`set_value_checks`). Each check costs at most one sync, and global scales that
-  passed once are not read again until modified. The kernels never trust them: ids outside
-  the local range are dropped by the routing code, so a skipped check cannot crash a kernel.
+* **Host data, every call** (free: no device access). Tensor metadata (dtypes, shapes,
+  devices, contiguity, alignment: ``check_*_meta``) and the Python scalars of an op
+  (``swiglu_limit``, ``output_scale``, ``expert_start``, ``global_num_experts``:
+  :func:`check_swiglu_limit`, :func:`check_moe_scalars`). They run in the op bodies *and* in
+  the fakes, so a bad call fails the same way eagerly, under ``torch.compile`` and in export,
+  before any kernel is launched.
+* **Weight data, once** (when weights are prepared or loaded): :func:`check_linear_weights`,
+  :func:`check_mlp_weights` and :func:`check_moe_weights` check shapes, dtypes, one device,
+  contiguity, e4m3 block scales (no NaN, none negative) and global scales (finite, > 0), with
+  one host sync. The ops do not read weight data per call: call these after loading or
+  after overwriting a weight (``.data`` writes included).
+* **Per-call device data** (``topk_ids``, router weights) is never read by default: the
+  kernels drop ids outside this rank's local expert range, so a bad id cannot crash a kernel
+  (it contributes nothing). ``NVFP4_OPS_VALUE_CHECKS=1`` (or :func:`set_value_checks`) turns
+  on debug checks that read device data on every eager call: ids in
+  ``[0, global_num_experts)`` and the weights' scale values as above. Each costs a host sync,
+  so they are skipped during CUDA-graph capture and on meta / fake tensors.
 """
 
 from __future__ import annotations
 
-import os
-import weakref
+import functools
+import math
 
 import torch
 
+from nvfp4_ops import _env
+
 __all__ = [
     "NVFP4InputError",
-    "set_value_checks",
-    "value_checks_enabled",
     "check_codes_in_place",
     "check_linear_meta",
+    "check_linear_weights",
     "check_mlp_meta",
+    "check_mlp_weights",
     "check_moe_meta",
-    "check_global_scale_values",
+    "check_moe_scalars",
+    "check_moe_weights",
+    "check_swiglu_limit",
     "check_topk_ids_values",
+    "check_weight_values",
+    "set_value_checks",
+    "value_checks_enabled",
 ]
 
 #: Block scales may come as float8_e4m3fn or as their raw bytes viewed as uint8 (the same
@@ -40,26 +53,32 @@ SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 K_ALIGN = 32  # packed rows of K/2 bytes stay 16-byte multiples for K % 32 == 0
 
-_value_checks = os.environ.get("NVFP4_OPS_VALUE_CHECKS", "1") not in ("0", "false", "off")
+#: :func:`set_value_checks` override; None follows ``NVFP4_OPS_VALUE_CHECKS`` (default off).
+_value_checks: bool | None = None
 
 
 class NVFP4InputError(ValueError):
     """A bad argument to an nvfp4 op (wrong dtype, shape, device, alignment or value)."""
 
 
-def set_value_checks(enabled: bool) -> None:
-    """Turn the data-reading argument checks on or off (default: on)."""
+def set_value_checks(enabled: bool | None) -> None:
+    """Turn the per-call debug checks that read device data on or off for this process
+    (None: follow ``NVFP4_OPS_VALUE_CHECKS``, default off). See the module docstring."""
     global _value_checks
-    _value_checks = bool(enabled)
+    _value_checks = None if enabled is None else bool(enabled)
 
 
 def value_checks_enabled(*tensors: torch.Tensor) -> bool:
-    """Whether the data-reading checks should run for these tensors now."""
-    if not _value_checks:
+    """Whether the per-call debug checks should read these tensors now: switched on, none on
+    ``meta``, and no CUDA graph being captured (a device read would sync inside it).
+
+    Raises:
+        nvfp4_ops._env.NVFP4EnvError: ``NVFP4_OPS_VALUE_CHECKS`` is not a boolean spelling.
+    """
+    on = _env.flag(_env.VALUE_CHECKS, False) if _value_checks is None else _value_checks
+    if not on or any(t.device.type == "meta" for t in tensors):
         return False
-    if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
-        return False
-    return not any(t.device.type == "meta" for t in tensors)
+    return not (any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing())
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -77,21 +96,27 @@ def expect_dtype(op: str, name: str, t: torch.Tensor, *dtypes: torch.dtype) -> N
 
 def expect_shape(op: str, name: str, t: torch.Tensor, want: tuple, what: str) -> None:
     """``want`` may hold ints or ``None`` (any size) per dim; ``what`` is the symbolic shape."""
-    got = _shape(t)
-    ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want, strict=True))
-    if not ok:
-        concrete = tuple("*" if w is None else w for w in want)
-        raise NVFP4InputError(f"{op}: {name} must have shape {what} = {concrete}, got {got}")
+    got = t.shape
+    if got == want:  # the common case: one tuple comparison, no per-dim Python loop
+        return
+    if None in want and len(got) == len(want) and all(
+            w is None or g == w for g, w in zip(got, want, strict=True)):
+        return
+    concrete = tuple("*" if w is None else w for w in want)
+    raise NVFP4InputError(f"{op}: {name} must have shape {what} = {concrete}, got {tuple(got)}")
 
 
 def expect_same_device(op: str, named: dict[str, torch.Tensor | None]) -> None:
-    devices = {n: t.device for n, t in named.items() if t is not None}
-    first_name, first = next(iter(devices.items()))
-    for n, d in devices.items():
-        if d != first:
+    first_name = first = None
+    for n, t in named.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first = n, t.device
+        elif t.device != first:
             raise NVFP4InputError(
                 f"{op}: all tensors must be on one device; {first_name} is on {first} "
-                f"but {n} is on {d}"
+                f"but {n} is on {t.device}"
             )
 
 
@@ -112,6 +137,60 @@ def expect_k_aligned(op: str, name: str, k: int, what: str) -> None:
         )
 
 
+# --- Python scalars: host checks, every call, op and fake -----------------------------------
+
+
+def check_swiglu_limit(op: str, swiglu_limit: float | None) -> None:
+    """``swiglu_limit`` is None or ``+inf`` (no clamp: the same result) or a number > 0.
+
+    0 would zero every output and a negative limit makes ``clamp(up, -L, L)`` return ``-L``
+    for every element; NaN poisons the output.
+
+    Raises:
+        NVFP4InputError: NaN, 0 or negative.
+    """
+    if swiglu_limit is not None and not swiglu_limit > 0:  # NaN fails every comparison
+        raise NVFP4InputError(
+            f"{op}: swiglu_limit must be > 0 (or None / inf for no clamp), got {swiglu_limit}"
+        )
+
+
+def check_moe_scalars(
+    op: str,
+    num_local_experts: int,
+    expert_start: int,
+    global_num_experts: int,
+    swiglu_limit: float | None,
+    output_scale: float,
+) -> None:
+    """The Python scalars of ``nvfp4::moe``: ``expert_start >= 0``; ``global_num_experts``
+    -1 (unknown) or ``>= expert_start + E``; ``swiglu_limit`` as :func:`check_swiglu_limit`;
+    ``output_scale`` finite.
+
+    Raises:
+        NVFP4InputError: any of these does not hold.
+    """
+    if expert_start < 0:
+        raise NVFP4InputError(f"{op}: expert_start must be >= 0, got {expert_start}")
+    if global_num_experts != -1:
+        if global_num_experts <= 0:
+            raise NVFP4InputError(
+                f"{op}: global_num_experts must be > 0 (the experts over all ranks) or -1 "
+                f"(unknown), got {global_num_experts}"
+            )
+        if expert_start + num_local_experts > global_num_experts:
+            raise NVFP4InputError(
+                f"{op}: expert_start + E = {expert_start} + {num_local_experts} exceeds "
+                f"global_num_experts = {global_num_experts}"
+            )
+    check_swiglu_limit(op, swiglu_limit)
+    if not math.isfinite(output_scale):
+        raise NVFP4InputError(f"{op}: output_scale must be finite, got {output_scale}")
+
+
+# --- tensor metadata: host checks, every call, op and fake ----------------------------------
+
+
 def check_codes_in_place(op: str, w: torch.Tensor, byte_multiple: int, rule: str) -> None:
     """``w`` for an in-place reorder of packed FP4 codes (``nvfp4::to_wperm_`` /
     ``to_wfrag_``): uint8 ``[..., K/2]`` whose last dimension is a multiple of
@@ -124,22 +203,18 @@ def check_codes_in_place(op: str, w: torch.Tensor, byte_multiple: int, rule: str
         raise NVFP4InputError(f"{op}: w must be contiguous (permuted in place)")
 
 
-def check_linear_meta(
-    x: torch.Tensor,
+def _check_linear_weights(
+    op: str,
+    k: int,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
     global_scale: torch.Tensor,
     bias: torch.Tensor | None,
-    op: str = "nvfp4.linear",
 ) -> None:
-    expect_dtype(op, "x", x, torch.bfloat16)
-    if x.dim() != 2:
-        raise NVFP4InputError(f"{op}: x must be 2-D [M, K], got shape {_shape(x)}")
+    """dtypes and shapes of a dense layer's weights for input size ``k``."""
     expect_dtype(op, "weight", weight, torch.uint8)
     expect_dtype(op, "weight_scale", weight_scale, *SCALE_DTYPES)
     expect_dtype(op, "global_scale", global_scale, torch.float32)
-    k = x.shape[1]
-    expect_k_aligned(op, "x", k, "K (x.shape[1])")
     if weight.dim() != 2:
         raise NVFP4InputError(f"{op}: weight must be 2-D uint8 [N, K/2], got {_shape(weight)}")
     n = weight.shape[0]
@@ -150,6 +225,23 @@ def check_linear_meta(
     if bias is not None:
         expect_dtype(op, "bias", bias, torch.bfloat16)
         expect_shape(op, "bias", bias, (n,), "[N]")
+
+
+def check_linear_meta(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    op: str = "nvfp4.linear",
+) -> None:
+    """Metadata of an ``nvfp4::linear`` call (no data read; op and fake)."""
+    expect_dtype(op, "x", x, torch.bfloat16)
+    if x.dim() != 2:
+        raise NVFP4InputError(f"{op}: x must be 2-D [M, K], got shape {_shape(x)}")
+    k = x.shape[1]
+    expect_k_aligned(op, "x", k, "K (x.shape[1])")
+    _check_linear_weights(op, k, weight, weight_scale, global_scale, bias)
     named = dict(x=x, weight=weight, weight_scale=weight_scale, global_scale=global_scale,
                  bias=bias)
     expect_same_device(op, named)
@@ -212,6 +304,7 @@ def check_mlp_meta(
     w2_global: torch.Tensor,
     op: str = "nvfp4.mlp",
 ) -> None:
+    """Metadata of an ``nvfp4::mlp`` call (no data read; op and fake)."""
     expect_dtype(op, "x", x, torch.bfloat16)
     if x.dim() != 2:
         raise NVFP4InputError(f"{op}: x must be 2-D [M, H], got shape {_shape(x)}")
@@ -234,9 +327,10 @@ def check_moe_meta(
     w2: torch.Tensor,
     w2_scale: torch.Tensor,
     w2_global: torch.Tensor,
-    expert_start: int,
     op: str = "nvfp4.moe",
 ) -> None:
+    """Metadata of an ``nvfp4::moe`` call (no data read; op and fake). The Python scalars
+    are :func:`check_moe_scalars`'."""
     expect_dtype(op, "hidden", hidden, torch.bfloat16)
     if hidden.dim() != 2:
         raise NVFP4InputError(f"{op}: hidden must be 2-D [T, H], got shape {_shape(hidden)}")
@@ -253,8 +347,6 @@ def check_moe_meta(
         raise NVFP4InputError(f"{op}: w13 must be uint8 [E, 2I, H/2], got shape {_shape(w13)}")
     _check_gated_weights(op, (w13.shape[0],), hidden.shape[1], w13, w13_scale, w13_global, w2,
                          w2_scale, w2_global)
-    if expert_start < 0:
-        raise NVFP4InputError(f"{op}: expert_start must be >= 0, got {expert_start}")
     named = dict(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13,
                  w13_scale=w13_scale, w13_global=w13_global, w2=w2, w2_scale=w2_scale,
                  w2_global=w2_global)
@@ -262,72 +354,244 @@ def check_moe_meta(
     expect_contiguous(op, named)
 
 
-#: Global scales already found valid: id -> (weakref, data_ptr, version). Weights are static, so
-#: after the first eager call a layer's scales cost no device read (and no host sync) again;
-#: an in-place update bumps the version and re-checks, a freed tensor drops its entry.
-_VERIFIED_SCALES: dict[int, tuple] = {}
+# --- weight data: checked once, at load -----------------------------------------------------
+
+#: Bytes of a tensor scanned per chunk: bounds the temporaries of a value check (a V4-Pro MoE
+#: layer holds ~1 GiB of block scales) at a few times this, whatever the layer size.
+_SCAN_BYTES = 64 << 20
 
 
-def tensor_version(t: torch.Tensor) -> int | None:
-    """``t._version``, or None for inference-mode tensors (they keep no version counter, so
-    nothing keyed on their contents may be cached)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
+def _block_scale_bad(b: torch.Tensor) -> torch.Tensor:
+    """Bad e4m3 block-scale bytes: NaN (``0x7f`` / ``0xff``) or negative (sign bit set, other
+    than ``-0`` = ``0x80``). Zero is legal (an all-zero block)."""
+    return (b == 0x7F) | (b > 0x80)
 
 
-def _verified(t: torch.Tensor) -> bool:
-    hit = _VERIFIED_SCALES.get(id(t))
-    if hit is None or hit[0]() is not t:
-        return False
-    version = tensor_version(t)
-    return version is not None and hit[1] == t.data_ptr() and hit[2] == version
+@functools.cache
+def _e4m3_values() -> list[float]:
+    """The value of every e4m3 byte (for error messages)."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
 
 
-def _mark_verified(t: torch.Tensor) -> None:
-    version = tensor_version(t)
-    if version is None:
+def _global_bad(t: torch.Tensor) -> torch.Tensor:
+    return ~(torch.isfinite(t) & (t > 0))
+
+
+def _chunks(t: torch.Tensor):
+    """(flat offset, flat slice) pieces of ``t`` of at most :data:`_SCAN_BYTES` each."""
+    flat = t.reshape(-1) if t.is_contiguous() else t.flatten()
+    step = max(1, _SCAN_BYTES // max(1, flat.element_size()))
+    for start in range(0, flat.numel(), step):
+        yield start, flat[start:start + step]
+
+
+def _index(t: torch.Tensor, flat_index: int) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(t.shape):
+        idx.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(idx))
+
+
+def _raise_first_bad(op: str, name: str, t: torch.Tensor, block: bool) -> None:
+    view = t.view(torch.uint8) if block else t
+    total = 0
+    first = None
+    for start, chunk in _chunks(view):
+        bad = _block_scale_bad(chunk) if block else _global_bad(chunk)
+        count = int(bad.sum())
+        if count and first is None:
+            first = start + int(torch.nonzero(bad)[0, 0])
+        total += count
+    if first is None:
         return
-    key = id(t)
-    ref = weakref.ref(t, lambda _: _VERIFIED_SCALES.pop(key, None))
-    _VERIFIED_SCALES[key] = (ref, t.data_ptr(), version)
+    idx = _index(t, first)
+    where = f" at index {idx}" if idx else ""
+    if block:
+        byte = int(view.reshape(-1)[first])
+        seen = "NaN" if byte & 0x7F == 0x7F else f"{_e4m3_values()[byte]:g}"
+        raise NVFP4InputError(
+            f"{op}: {name} must hold e4m3 block scales >= 0 (no NaN), got {seen} (byte "
+            f"{byte:#04x}){where} ({total} bad of {t.numel()})"
+        )
+    raise NVFP4InputError(
+        f"{op}: {name} must be finite and > 0, got {t.reshape(-1)[first].item()}{where} "
+        f"({total} bad of {t.numel()})"
+    )
 
 
-def check_global_scale_values(op: str, named: dict[str, torch.Tensor]) -> None:
-    """Global scales must be finite and > 0 (a zero scale silently zeroes a layer).
+def check_weight_values(
+    op: str,
+    block_scales: dict[str, torch.Tensor],
+    global_scales: dict[str, torch.Tensor],
+) -> None:
+    """Block scales (``float8_e4m3fn`` or their ``uint8`` bytes) hold no NaN and no negative
+    value; global scales (fp32) are finite and > 0. One host sync when all pass (a second
+    pass finds the first bad entry). Tensors on ``meta`` are skipped (they hold no data).
 
-    All tensors are checked with one device read (one host sync on CUDA); tensors that passed
-    before and were not modified since are skipped (:data:`_VERIFIED_SCALES`).
+    Raises:
+        NVFP4InputError: a bad entry, named with its index, value and the count of bad ones.
+        RuntimeError: called while a CUDA graph is being captured (reading would sync).
     """
-    todo = {
-        name: t for name, t in named.items()
-        if value_checks_enabled(t) and t.numel() > 0 and not _verified(t)
-    }
-    if not todo:
+    tensors = [t for t in (*block_scales.values(), *global_scales.values())
+               if t.device.type != "meta" and t.numel() > 0]
+    if not tensors:
         return
-    flags = [(~(torch.isfinite(t) & (t > 0))).any() for t in todo.values()]
-    if bool(torch.stack(flags).any()):
-        for name, t in todo.items():
-            bad = ~(torch.isfinite(t) & (t > 0))
-            if bool(bad.any()):
-                idx = torch.nonzero(bad)[0].tolist()
-                where = f" at index {tuple(idx)}" if idx else ""
-                raise NVFP4InputError(
-                    f"{op}: {name} must be finite and > 0, got {t[tuple(idx)].item()}{where} "
-                    f"({int(bad.sum())} bad of {t.numel()})"
-                )
-    for t in todo.values():
-        _mark_verified(t)
+    if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{op}: weight values cannot be checked during CUDA-graph capture "
+                           "(reading them syncs); check them when they are loaded")
+    flags = []
+    for t in block_scales.values():
+        if t.device.type != "meta":
+            flags += [_block_scale_bad(c).any() for _, c in _chunks(t.view(torch.uint8))]
+    for t in global_scales.values():
+        if t.device.type != "meta":
+            flags += [_global_bad(c).any() for _, c in _chunks(t)]
+    if not flags or not bool(torch.stack([f.to(flags[0].device) for f in flags]).any()):
+        return
+    for name, t in global_scales.items():
+        if t.device.type != "meta":
+            _raise_first_bad(op, name, t, block=False)
+    for name, t in block_scales.items():
+        if t.device.type != "meta":
+            _raise_first_bad(op, name, t, block=True)
+
+
+def check_linear_weights(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    where: str = "nvfp4.linear",
+) -> None:
+    """Check a dense layer's NVFP4 weights once, when they are loaded or prepared (the ops
+    check only their metadata per call).
+
+    Args:
+        weight: ``uint8 [N, K/2]`` packed e2m1 codes (checkpoint or ``wfrag`` order),
+            ``K % 32 == 0``.
+        weight_scale: ``float8_e4m3fn [N, K/16]`` (or its bytes as ``uint8``): no NaN, none
+            negative.
+        global_scale: ``float32 []`` or ``[N]``: finite and > 0.
+        bias: optional ``bf16 [N]``.
+        where: the prefix of error messages (e.g. the layer's name).
+
+    All on one device, contiguous. Reads the scales: one host sync on CUDA.
+
+    Raises:
+        NVFP4InputError: wrong dtype, shape, device or contiguity; a bad scale value (named
+            with its index).
+    """
+    expect_dtype(where, "weight", weight, torch.uint8)
+    if weight.dim() != 2:
+        raise NVFP4InputError(
+            f"{where}: weight must be 2-D uint8 [N, K/2], got {_shape(weight)}")
+    k = weight.shape[1] * 2
+    expect_k_aligned(where, "weight", k, "K (weight.shape[1] * 2)")
+    _check_linear_weights(where, k, weight, weight_scale, global_scale, bias)
+    named = dict(weight=weight, weight_scale=weight_scale, global_scale=global_scale,
+                 bias=bias)
+    expect_same_device(where, named)
+    expect_contiguous(where, named)
+    check_weight_values(where, {"weight_scale": weight_scale}, {"global_scale": global_scale})
+
+
+def _check_gated_weights_once(where, experts: bool, w13, w13_scale, w13_global, w2, w2_scale,
+                              w2_global) -> None:
+    """Weights-only form of the mlp (``experts=False``) / moe (True) checks, plus values."""
+    expect_dtype(where, "w13", w13, torch.uint8)
+    if w13.dim() != 2 + experts:
+        sym = "[E, " if experts else "["
+        raise NVFP4InputError(
+            f"{where}: w13 must be uint8 {sym}2I, H/2], got shape {_shape(w13)}")
+    lead = (w13.shape[0],) if experts else ()
+    hidden = w13.shape[-1] * 2
+    expect_k_aligned(where, "w13", hidden, "H (w13.shape[-1] * 2)")
+    _check_gated_weights(where, lead, hidden, w13, w13_scale, w13_global, w2, w2_scale,
+                         w2_global)
+    named = dict(w13=w13, w13_scale=w13_scale, w13_global=w13_global, w2=w2,
+                 w2_scale=w2_scale, w2_global=w2_global)
+    expect_same_device(where, named)
+    expect_contiguous(where, named)
+    check_weight_values(where, {"w13_scale": w13_scale, "w2_scale": w2_scale},
+                        {"w13_global": w13_global, "w2_global": w2_global})
+
+
+def check_mlp_weights(
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_global: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_global: torch.Tensor,
+    *,
+    where: str = "nvfp4.mlp",
+) -> None:
+    """Check a gated MLP's NVFP4 weights (the layout of :func:`nvfp4_ops.mlp`) once, when
+    they are loaded or prepared.
+
+    Args:
+        w13: ``uint8 [2I, H/2]`` (gate rows, then up rows); w13_scale: ``e4m3 [2I, H/16]``;
+            w13_global: ``float32 [2]`` (gate, up) or ``[2I]`` (per row).
+        w2: ``uint8 [H, I/2]``; w2_scale: ``e4m3 [H, I/16]``; w2_global: ``float32 []`` or
+            ``[H]``. Block scales may be their bytes as ``uint8``.
+        where: the prefix of error messages (e.g. the layer's name).
+
+    ``H % 32 == 0`` and ``I % 32 == 0``; one device; contiguous; block scales without NaN or
+    negative values; global scales finite and > 0. Reads the scales: one host sync on CUDA.
+
+    Raises:
+        NVFP4InputError: wrong dtype, shape, device or contiguity; a bad scale value.
+    """
+    _check_gated_weights_once(where, False, w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+
+
+def check_moe_weights(
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_global: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_global: torch.Tensor,
+    *,
+    where: str = "nvfp4.moe",
+) -> None:
+    """Check one MoE layer's NVFP4 expert weights (the layout of :func:`nvfp4_ops.moe`) once,
+    when they are loaded or prepared (``nvfp4.moe`` checks only their metadata per call).
+
+    Args:
+        w13: ``uint8 [E, 2I, H/2]``; w13_scale: ``e4m3 [E, 2I, H/16]``; w13_global:
+            ``float32 [E, 2]`` (gate, up) or ``[E, 2I]`` (per row).
+        w2: ``uint8 [E, H, I/2]``; w2_scale: ``e4m3 [E, H, I/16]``; w2_global:
+            ``float32 [E]`` or ``[E, H]``. Block scales may be their bytes as ``uint8``.
+        where: the prefix of error messages (e.g. the layer's name).
+
+    ``H % 32 == 0`` and ``I % 32 == 0``; one device; contiguous; block scales without NaN or
+    negative values; global scales finite and > 0. Reads the scales: one host sync on CUDA.
+
+    Raises:
+        NVFP4InputError: wrong dtype, shape, device or contiguity; a bad scale value.
+    """
+    _check_gated_weights_once(where, True, w13, w13_scale, w13_global, w2, w2_scale,
+                              w2_global)
+
+
+# --- per-call device data: opt-in debug checks ----------------------------------------------
 
 
 def check_topk_ids_values(op: str, topk_ids: torch.Tensor, num_global_experts: int) -> None:
     """Ids must be >= 0 and, when the global expert count is known (> 0), < that count.
+    Reads ``topk_ids`` (one host sync on CUDA): the ops call it only when
+    :func:`value_checks_enabled`.
 
     Ids outside this rank's local range are legal (another rank owns them); ids that no rank
     can own are a routing bug and raise.
+
+    Raises:
+        NVFP4InputError: an id outside ``[0, num_global_experts)``.
     """
-    if not value_checks_enabled(topk_ids) or topk_ids.numel() == 0:
+    if topk_ids.numel() == 0:
         return
     lo, hi = torch.stack([topk_ids.min(), topk_ids.max()]).tolist()  # one host sync
     if lo < 0 or (num_global_experts > 0 and hi >= num_global_experts):

@@ -10,6 +10,7 @@ if any error is above ``--tol`` or a compiled/graph output differs from eager.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     shape = get_shape(args.shape)
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    num_experts = args.experts or shape.experts
+    num_experts = shape.experts if args.experts is None else args.experts
     _log(f"shape {shape.name}: H={shape.hidden} I={shape.intermediate} E={num_experts} "
          f"k={shape.top_k} T={args.tokens} on {device} (torch {torch.__version__})")
 
@@ -174,23 +175,74 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m nvfp4_ops check", description=__doc__)
+DESCRIPTION = """\
+Quantize random bf16 experts of a DeepSeek-V4-shaped MoE layer to NVFP4, route random tokens,
+run nvfp4::moe eagerly, under torch.compile(fullgraph=True) and (on a GPU with a graph-safe
+kernel) in a CUDA graph, plus the nvfp4::mlp shared expert, and print which implementation
+ran, its error against an independent bf16-dequantized reference and its time. Exits 1 if an
+error is above --tol or a compiled / graph output differs from eager."""
+
+
+def _parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``, refused with one line unless it can run here."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        p.error(f"--device must be cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            p.error(f"--device {text}: CUDA is not available here (torch {torch.__version__}, "
+                    f"CUDA build {torch.version.cuda or 'none'}); use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            p.error(f"--device {text}: this machine has {count} CUDA device(s)")
+        from nvfp4_ops import _device
+
+        try:
+            _device.require_supported_gpu(device)
+        except _device.NVFP4UnsupportedGPUError as exc:
+            p.error(f"--device {text}: {exc}")
+    return device
+
+
+def main(argv: list[str], prog: str = "python -m nvfp4_ops check") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES),
                    help="layer shape (default tiny: seconds on a CPU; v4-* want a GPU)")
     p.add_argument("--tokens", type=int, default=None,
-                   help="tokens T (default 64 on CUDA, 16 on CPU)")
+                   help="tokens T >= 1 (default 64 on CUDA, 16 on CPU)")
     p.add_argument("--experts", type=int, default=None,
-                   help="override the number of routed experts (default: the shape's)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+                   help="override the number of routed experts (>= the shape's top-k; "
+                        "default: the shape's)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default cuda when available, else cpu)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions, >= 1 (median)")
     p.add_argument("--tol", type=float, default=1e-2,
-                   help="max relative L2 error vs the bf16-dequantized reference")
+                   help="max relative L2 error vs the bf16-dequantized reference (>= 0)")
     args = p.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _parse_device(p, args.device)
+    shape = get_shape(args.shape)
     if args.tokens is None:
-        args.tokens = 64 if args.device.startswith("cuda") else 16
-    rows = run(args)
+        args.tokens = 64 if device.type == "cuda" else 16
+    if args.tokens < 1:
+        p.error(f"--tokens must be >= 1, got {args.tokens}")
+    if args.experts is not None and args.experts < shape.top_k:
+        p.error(f"--experts must be >= the top-k of shape {shape.name} ({shape.top_k}): every "
+                f"token is routed to {shape.top_k} distinct experts; got {args.experts}")
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
+    if not (math.isfinite(args.tol) and args.tol >= 0):
+        p.error(f"--tol must be a finite number >= 0, got {args.tol}")
+    try:
+        rows = run(args)
+    except nvfp4_ops.NVFP4EnvError as exc:  # a bad NVFP4_OPS_* value: one line, no traceback
+        p.error(str(exc))
     print(format_table(rows), flush=True)
     bad = [r for r in rows if not r.ok]
     if bad:

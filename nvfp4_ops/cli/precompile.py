@@ -64,11 +64,29 @@ def _compile_parallel(shapes: list[str], include_moe: bool, jobs: int) -> int:
     return compile_configs(_configs(shapes, include_moe), jobs)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvfp4_ops precompile", description=__doc__,
+DESCRIPTION = """\
+Fill the kernel disk cache for model shapes. On a CPU-only machine this compiles every
+CuTeDSL variant the shapes can reach for sm_90a; with a (Hopper) GPU it also runs each once.
+Binaries land in the disk cache (NVFP4_OPS_CACHE_DIR, default ~/.cache/nvfp4_ops), so a later
+process loads them instead of compiling. --jobs N compiles in N worker processes first (each
+holds its own CuTeDSL toolchain, ~1 GB of memory); it needs the disk cache."""
+
+
+def _no_cache_reason() -> str:
+    from nvfp4_ops import _env
+
+    if not _env.flag(_env.DISK_CACHE, True):
+        return f"{_env.DISK_CACHE} is off"
+    return f"the folder under {_env.CACHE_DIR} cannot be used (see the warning above)"
+
+
+def main(argv: list[str], prog: str = "python -m nvfp4_ops precompile") -> int:
+    from nvfp4_ops.shapes import SHAPES
+
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", action="append", required=True,
-                        help="model shape name (repeatable): v4-flash, v4-pro, tiny")
+    parser.add_argument("--shape", action="append", required=True, choices=sorted(SHAPES),
+                        help="model shape (repeatable)")
     parser.add_argument("--no-moe", action="store_true", help="skip the MoE grouped GEMMs")
     parser.add_argument("--no-run", action="store_true",
                         help="compile only, even when a GPU is present")
@@ -81,19 +99,25 @@ def main(argv: list[str]) -> int:
     import torch
 
     import nvfp4_ops
-    from nvfp4_ops import _compile
+    from nvfp4_ops import _compile, _device
 
-    for name in args.shape:
-        nvfp4_ops.get_shape(name)  # unknown names fail before any compile
     run = torch.cuda.is_available() and not args.no_run
+    try:
+        if run:
+            _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
+        folder = _compile.cache_dir()
+    except _device.NVFP4UnsupportedGPUError as exc:
+        parser.error(f"{exc} (--no-run compiles without running)")
+    except nvfp4_ops.NVFP4EnvError as exc:
+        parser.error(str(exc))
     print(f"precompile: shapes {args.shape}, arch {_compile.target_arch()}, "
           f"{'compile + run once' if run else 'compile only'}, cache "
-          f"{_compile.cache_dir() or 'disabled'}", flush=True)
+          f"{folder or 'memory only'}", flush=True)
     start = time.perf_counter()
     worker_compiles = 0
     if args.jobs > 1:
-        if _compile.cache_dir() is None:
-            parser.error("--jobs needs the disk cache (NVFP4_OPS_DISK_CACHE=0 is set)")
+        if folder is None:
+            parser.error(f"--jobs needs the disk cache ({_no_cache_reason()})")
         try:
             worker_compiles = _compile_parallel(args.shape, not args.no_moe, args.jobs)
         except Exception as exc:  # noqa: BLE001 - the serial pass below still compiles all

@@ -1,17 +1,20 @@
 """``nvfp4::linear``: ``y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias)``, W4A16.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.linear_reference`).
-CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"linear"``;
-until one is registered, the same reference runs on the GPU.
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"linear"`` (Hopper only,
+:mod:`nvfp4_ops._device`); until one is registered, the same reference runs on the GPU.
+
+Per call only metadata is checked (:mod:`nvfp4_ops._validate`); the weights' values are
+checked once at load with :func:`nvfp4_ops.check_linear_weights`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from nvfp4_ops import kernels
+from nvfp4_ops import _device, kernels
 from nvfp4_ops._library import qualname
-from nvfp4_ops._validate import check_global_scale_values, check_linear_meta
+from nvfp4_ops._validate import check_linear_meta, check_weight_values, value_checks_enabled
 from nvfp4_ops.reference import linear_reference
 
 __all__ = ["linear"]
@@ -19,7 +22,9 @@ __all__ = ["linear"]
 
 def _check(x, weight, weight_scale, global_scale, bias) -> None:
     check_linear_meta(x, weight, weight_scale, global_scale, bias)
-    check_global_scale_values("nvfp4.linear", {"global_scale": global_scale})
+    if value_checks_enabled(x):  # opt-in debugging: reads the scales (a host sync)
+        check_weight_values("nvfp4.linear", {"weight_scale": weight_scale},
+                            {"global_scale": global_scale})
 
 
 @torch.library.custom_op(qualname("linear"), mutates_args=())
@@ -38,6 +43,7 @@ def _linear_op(
 @_linear_op.register_kernel("cuda")
 def _(x, weight, weight_scale, global_scale, bias, wfrag=False):
     _check(x, weight, weight_scale, global_scale, bias)
+    _device.require_supported_gpu(x.device)
     impl = kernels.cuda_kernel("linear")
     if impl is None:
         return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
@@ -61,6 +67,11 @@ def linear(
 ) -> torch.Tensor:
     """NVFP4 weight-only linear (``torch.ops.nvfp4.linear``).
 
+    Only metadata is checked per call. The scale values (``weight_scale`` without NaN or
+    negative entries, ``global_scale`` finite and > 0) are not read per call: check them
+    once with :func:`nvfp4_ops.check_linear_weights` when the weights are loaded
+    (``NVFP4_OPS_VALUE_CHECKS=1`` re-checks them on every eager call, for debugging).
+
     Args:
         x: ``bf16 [M, K]``, contiguous, ``K % 32 == 0``; ``M`` may be 0.
         weight: ``uint8 [N, K/2]``, two e2m1 codes per byte, low nibble = even k.
@@ -79,7 +90,9 @@ def linear(
         accumulated in fp32.
 
     Raises:
-        NVFP4InputError: wrong dtype, shape, device or alignment; non-finite or
-            non-positive ``global_scale``.
+        NVFP4InputError: wrong dtype, shape, device or alignment; with
+            ``NVFP4_OPS_VALUE_CHECKS=1`` also bad scale values.
+        NVFP4UnsupportedGPUError: CUDA tensors on a GPU other than Hopper (see
+            :mod:`nvfp4_ops._device`).
     """
     return torch.ops.nvfp4.linear(x, weight, weight_scale, global_scale, bias, wfrag)

@@ -4,22 +4,28 @@
 with ``expert(e)(x) = down_e(silu(min(gate_e(x), L)) * clamp(up_e(x), -L, L))``.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.moe_reference`).
-CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"``;
-until one is registered the reference runs on the GPU, which syncs with the host per expert
-and so must not be captured in a CUDA graph.
+CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"`` (Hopper only,
+:mod:`nvfp4_ops._device`); until one is registered the reference runs on the GPU, which syncs
+with the host per expert and so must not be captured in a CUDA graph.
+
+Per call only metadata and the Python scalars are checked, on the host
+(:mod:`nvfp4_ops._validate`): nothing reads device data, so an eager call does not sync.
+The weights' values are checked once at load (:func:`nvfp4_ops.check_moe_weights`); ids
+outside this rank's experts contribute nothing (the routing kernels drop them).
 """
 
 from __future__ import annotations
 
 import torch
 
-from nvfp4_ops import kernels
+from nvfp4_ops import _device, kernels
 from nvfp4_ops._library import qualname
 from nvfp4_ops._validate import (
-    NVFP4InputError,
-    check_global_scale_values,
     check_moe_meta,
+    check_moe_scalars,
     check_topk_ids_values,
+    check_weight_values,
+    value_checks_enabled,
 )
 from nvfp4_ops.reference import moe_reference
 
@@ -28,17 +34,23 @@ __all__ = ["moe"]
 _OP = "nvfp4.moe"
 
 
-def _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-           w2_global, expert_start, global_num_experts) -> None:
+def _check_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+                w2_global, expert_start, global_num_experts, swiglu_limit, output_scale) -> None:
+    """Host-only checks (metadata, Python scalars): every call, op and fake."""
     check_moe_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-                   w2_global, expert_start)
-    if global_num_experts > 0 and expert_start + w13.shape[0] > global_num_experts:
-        raise NVFP4InputError(
-            f"{_OP}: expert_start + E = {expert_start} + {w13.shape[0]} exceeds "
-            f"global_num_experts = {global_num_experts}"
-        )
-    check_topk_ids_values(_OP, topk_ids, global_num_experts)
-    check_global_scale_values(_OP, {"w13_global": w13_global, "w2_global": w2_global})
+                   w2_global)
+    check_moe_scalars(_OP, w13.shape[0], expert_start, global_num_experts, swiglu_limit,
+                      output_scale)
+
+
+def _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+           w2_global, expert_start, global_num_experts, swiglu_limit, output_scale) -> None:
+    _check_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+                w2_global, expert_start, global_num_experts, swiglu_limit, output_scale)
+    if value_checks_enabled(hidden):  # opt-in debugging: reads device data (host syncs)
+        check_topk_ids_values(_OP, topk_ids, global_num_experts)
+        check_weight_values(_OP, {"w13_scale": w13_scale, "w2_scale": w2_scale},
+                            {"w13_global": w13_global, "w2_global": w2_global})
 
 
 @torch.library.custom_op(qualname("moe"), mutates_args=())
@@ -59,7 +71,7 @@ def _moe_op(
     wperm: bool = False,
 ) -> torch.Tensor:
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-           expert_start, global_num_experts)
+           expert_start, global_num_experts, swiglu_limit, output_scale)
     return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                          w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                          wperm=wperm)
@@ -69,7 +81,8 @@ def _moe_op(
 def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
       expert_start, global_num_experts, swiglu_limit, output_scale, wperm=False):
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-           expert_start, global_num_experts)
+           expert_start, global_num_experts, swiglu_limit, output_scale)
+    _device.require_supported_gpu(hidden.device)
     impl = kernels.cuda_kernel("moe")
     if impl is None:
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
@@ -82,8 +95,8 @@ def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, 
 @_moe_op.register_fake
 def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
       expert_start, global_num_experts, swiglu_limit, output_scale, wperm=False):
-    check_moe_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-                   w2_global, expert_start)
+    _check_meta(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+                w2_global, expert_start, global_num_experts, swiglu_limit, output_scale)
     return hidden.new_empty(hidden.shape, dtype=torch.bfloat16)
 
 
@@ -106,9 +119,18 @@ def moe(
 ) -> torch.Tensor:
     """NVFP4 routed experts of one MoE layer (``torch.ops.nvfp4.moe``).
 
+    Only metadata and the Python scalars are checked per call; no device data is read, so
+    an eager call never syncs. Check the weights' values (block scales without NaN or
+    negative entries, global scales finite and > 0) once with
+    :func:`nvfp4_ops.check_moe_weights` when they are loaded. ``NVFP4_OPS_VALUE_CHECKS=1``
+    (debugging) also reads the ids and the scales on every eager call (host syncs; skipped
+    during CUDA-graph capture).
+
     Args:
         hidden: ``bf16 [T, H]``, ``H % 32 == 0``; ``T`` may be 0.
-        topk_ids: ``int32/int64 [T, k]``: **global** expert ids.
+        topk_ids: ``int32/int64 [T, k]``: **global** expert ids. Ids outside
+            ``[expert_start, expert_start + E)`` (other ranks' experts, or invalid ones)
+            contribute nothing here.
         topk_weights: ``float32 [T, k]`` router weights.
         w13: ``uint8 [E, 2I, H/2]`` (per expert: gate rows, then up rows); ``I % 32 == 0``.
         w13_scale: ``float8_e4m3fn [E, 2I, H/16]`` (or its bytes as ``uint8``).
@@ -117,13 +139,14 @@ def moe(
         w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes
             as ``uint8``);
             w2_global: ``float32 [E]``, or ``[E, H]``: one per row.
-        expert_start: the first global id this rank owns; ids outside
-            ``[expert_start, expert_start + E)`` contribute nothing here.
-        global_num_experts: total experts over all ranks, for the id range check; -1 when
-            unknown (then only ``id >= 0`` is checked).
-        swiglu_limit: ``L`` of the clamped SwiGLU; None for none.
-        output_scale: multiplier on the result (``routed_scaling_factor``; vLLM already folds
-            it into ``topk_weights`` and passes 1.0).
+        expert_start: the first global id this rank owns, ``>= 0``.
+        global_num_experts: total experts over all ranks, ``>= expert_start + E``; -1 when
+            unknown. The debug id check (``NVFP4_OPS_VALUE_CHECKS=1``) refuses ids outside
+            ``[0, global_num_experts)`` (only ``id >= 0`` when unknown).
+        swiglu_limit: ``L`` of the clamped SwiGLU, ``> 0``; None (or ``inf``, the same
+            result) for no clamp.
+        output_scale: multiplier on the result, finite (``routed_scaling_factor``; vLLM
+            already folds it into ``topk_weights`` and passes 1.0).
         wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
             (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
             decode with fewer instructions; on CUDA this needs
@@ -133,10 +156,13 @@ def moe(
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.
 
     Raises:
-        NVFP4InputError: wrong dtype, shape, device or alignment; ids outside
-            ``[0, global_num_experts)``; non-finite or non-positive global scales. The id and
-            scale checks read data, so they are skipped during CUDA-graph capture. ``wperm``
-            weights on CUDA at sizes whose kernels cannot read them.
+        NVFP4InputError: wrong dtype, shape, device or alignment; ``expert_start < 0``;
+            ``global_num_experts`` 0, below -1 or below ``expert_start + E``; ``swiglu_limit``
+            NaN, 0 or negative; ``output_scale`` NaN or infinite; ``wperm`` weights on CUDA
+            at sizes whose kernels cannot read them. With ``NVFP4_OPS_VALUE_CHECKS=1`` also
+            ids outside ``[0, global_num_experts)`` and bad scale values.
+        NVFP4UnsupportedGPUError: CUDA tensors on a GPU other than Hopper (see
+            :mod:`nvfp4_ops._device`).
     """
     return torch.ops.nvfp4.moe(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                                w2_scale, w2_global, expert_start, global_num_experts,

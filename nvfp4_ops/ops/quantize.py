@@ -1,7 +1,9 @@
 """``nvfp4::quantize`` and ``nvfp4::dequantize``: the format of :mod:`nvfp4_ops.format` as ops.
 
 Both run the pure-torch format code on any device (CPU and CUDA alike); there is no
-dedicated CUDA kernel, since neither is on a hot path (weights are quantized offline).
+dedicated CUDA kernel, since neither is on a hot path (weights are quantized offline). For the
+same reason ``dequantize`` reads its scales to refuse bad values (one host sync on CUDA),
+unlike the GEMM ops, whose weights are checked once at load.
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ import torch
 
 from nvfp4_ops import format as fmt
 from nvfp4_ops._library import qualname
-from nvfp4_ops._validate import SCALE_DTYPES, NVFP4InputError, expect_dtype
+from nvfp4_ops._validate import (
+    SCALE_DTYPES,
+    NVFP4InputError,
+    check_weight_values,
+    expect_dtype,
+    expect_same_device,
+)
 
 __all__ = ["quantize", "dequantize"]
 
@@ -29,6 +37,7 @@ def _check_quantize_meta(x: torch.Tensor, global_scale: torch.Tensor | None) -> 
                 f"{op}: global_scale must be a scalar float32 tensor [], "
                 f"got shape {tuple(global_scale.shape)}"
             )
+        expect_same_device(op, {"x": x, "global_scale": global_scale})
 
 
 @torch.library.custom_op(qualname("quantize"), mutates_args=())
@@ -74,6 +83,8 @@ def _check_dequantize_meta(packed, block_scale, global_scale) -> None:
             f"{op}: global_scale must be [] or the leading shape {lead} (one per row), "
             f"got {tuple(global_scale.shape)}"
         )
+    expect_same_device(op, {"packed": packed, "block_scale": block_scale,
+                            "global_scale": global_scale})
 
 
 @torch.library.custom_op(qualname("dequantize"), mutates_args=())
@@ -81,6 +92,9 @@ def _dequantize_op(
     packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor
 ) -> torch.Tensor:
     _check_dequantize_meta(packed, block_scale, global_scale)
+    # not a hot path: the values are read here (the fake cannot, and skips this)
+    check_weight_values("nvfp4.dequantize", {"block_scale": block_scale},
+                        {"global_scale": global_scale})
     return fmt.dequantize(packed, block_scale, global_scale)
 
 
@@ -97,13 +111,15 @@ def quantize(
 
     Args:
         x: ``bf16/fp16/fp32 [..., K]``, ``K % 16 == 0``, finite.
-        global_scale: optional fp32 ``[]``, finite and > 0; default ``amax / (6 * 448)``.
+        global_scale: optional fp32 ``[]`` on ``x``'s device, finite and > 0; default
+            ``amax / (6 * 448)``.
 
     Returns:
         ``(packed uint8 [..., K/2], block_scale float8_e4m3fn [..., K/16], global_scale fp32 [])``.
 
     Raises:
-        NVFP4InputError: wrong dtype or shape, NaN/Inf in ``x``, or a bad ``global_scale``.
+        NVFP4InputError: wrong dtype or shape, ``global_scale`` on another device than ``x``,
+            NaN/Inf in ``x``, or a bad ``global_scale``.
     """
     return torch.ops.nvfp4.quantize(x, global_scale)
 
@@ -115,13 +131,18 @@ def dequantize(
 
     Args:
         packed: ``uint8 [..., K/2]``.
-        block_scale: ``float8_e4m3fn [..., K/16]`` (or its bytes as ``uint8``).
-        global_scale: fp32 ``[]`` or ``packed.shape[:-1]`` (one per row).
+        block_scale: ``float8_e4m3fn [..., K/16]`` (or its bytes as ``uint8``); no NaN,
+            none negative.
+        global_scale: fp32 ``[]`` or ``packed.shape[:-1]`` (one per row); finite and > 0.
+
+    All three on one device. The scale values are read (one host sync on CUDA; not during
+    CUDA-graph capture).
 
     Returns:
         ``float32 [..., K]`` = ``e2m1 * block_scale * global_scale``.
 
     Raises:
-        NVFP4InputError: wrong dtypes or shapes.
+        NVFP4InputError: wrong dtypes, shapes or devices; a NaN or negative block scale; a
+            global scale that is NaN, infinite, 0 or negative.
     """
     return torch.ops.nvfp4.dequantize(packed, block_scale, global_scale)

@@ -1,0 +1,178 @@
+"""Every ``NVFP4_OPS_*`` environment switch of the package, read with one rule.
+
+The rule:
+
+* A switch is read when it is used, not when a module is imported, so a test (or a process
+  that sets the variable late) sees the current value.
+* Values are case-insensitive and surrounding whitespace is ignored; unset or empty means the
+  default.
+* Anything else raises :class:`NVFP4EnvError` (a ``ValueError``) at that first use, naming the
+  variable, the value seen and the accepted spellings. A typo never silently means "default".
+
+Boolean switches (:func:`flag`) accept ``1 / true / yes / on`` and ``0 / false / no / off``.
+Three-way switches (:func:`auto_flag`) accept ``auto`` or any boolean spelling.
+
+=========================================  ================================================
+Variable                                   Accepted values (default first)
+=========================================  ================================================
+``NVFP4_OPS_BACKEND``                      ``auto`` | ``reference``: ``reference`` runs the
+                                           pure-torch references on CUDA tensors (exact, on
+                                           any GPU; slow, and ``moe``'s is not graph-safe)
+``NVFP4_OPS_VALUE_CHECKS``                 boolean, default off: per-call checks that read
+                                           device data (expert ids, global and block scales;
+                                           a host sync each, skipped during CUDA-graph
+                                           capture). A debugging aid; weights are checked
+                                           once with :func:`nvfp4_ops.check_moe_weights` etc.
+``NVFP4_OPS_CACHE_DIR``                    a directory (default ``~/.cache/nvfp4_ops``): the
+                                           kernel disk cache; unusable -> memory only, with
+                                           one warning; read-only -> loads, never writes
+``NVFP4_OPS_DISK_CACHE``                   boolean, default on: off keeps compiled kernels in
+                                           memory only
+``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP``      boolean, default off: after ``warmup`` any kernel
+                                           compile raises ``CompileAfterWarmupError``
+``NVFP4_OPS_STREAMK_COUNTERS``             ``reuse`` | ``per-call``: stream-K tile counters
+                                           reused per stream / capture, or zeroed per call
+``NVFP4_OPS_VLLM``                         boolean, default off: install the vLLM glue
+                                           (``model_glue``)
+``NVFP4_OPS_MOE_WPERM``                    ``auto`` | boolean: the glue prepares MoE weights
+                                           in the ``wperm`` bit order (auto: on CUDA where
+                                           the kernels read it)
+``NVFP4_OPS_DENSE_WFRAG``                  ``auto`` | boolean: the glue prepares dense
+                                           weights in the ``wfrag`` order (auto: on CUDA)
+``NVFP4_OPS_MXFP4``                        boolean, default on: the glue runs DeepSeek's
+                                           MXFP4 routed experts on ``nvfp4::moe`` (off:
+                                           vLLM's own MXFP4 method)
+=========================================  ================================================
+
+This module imports nothing of the package (every layer may use it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+__all__ = [
+    "BACKEND",
+    "CACHE_DIR",
+    "DENSE_WFRAG",
+    "DISK_CACHE",
+    "MOE_WPERM",
+    "MXFP4",
+    "NO_COMPILE_AFTER_WARMUP",
+    "NVFP4EnvError",
+    "STREAMK_COUNTERS",
+    "VALUE_CHECKS",
+    "VLLM",
+    "auto_flag",
+    "backend",
+    "choice",
+    "flag",
+    "path",
+]
+
+BACKEND = "NVFP4_OPS_BACKEND"
+VALUE_CHECKS = "NVFP4_OPS_VALUE_CHECKS"
+CACHE_DIR = "NVFP4_OPS_CACHE_DIR"
+DISK_CACHE = "NVFP4_OPS_DISK_CACHE"
+NO_COMPILE_AFTER_WARMUP = "NVFP4_OPS_NO_COMPILE_AFTER_WARMUP"
+STREAMK_COUNTERS = "NVFP4_OPS_STREAMK_COUNTERS"
+VLLM = "NVFP4_OPS_VLLM"
+MOE_WPERM = "NVFP4_OPS_MOE_WPERM"
+DENSE_WFRAG = "NVFP4_OPS_DENSE_WFRAG"
+MXFP4 = "NVFP4_OPS_MXFP4"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_BOOL = {**dict.fromkeys(_TRUE, True), **dict.fromkeys(_FALSE, False)}
+_BOOL_SPELLINGS = f"{', '.join(_TRUE)} / {', '.join(_FALSE)}"
+
+
+class NVFP4EnvError(ValueError):
+    """An ``NVFP4_OPS_*`` environment variable holds a value its switch does not accept."""
+
+
+def _raw(name: str) -> tuple[str | None, str]:
+    """(the value as set, or None when unset; its normalised form: stripped, lower case)."""
+    raw = os.environ.get(name)
+    return raw, "" if raw is None else raw.strip().lower()
+
+
+def _either(words: Sequence[str]) -> str:
+    quoted = [f"'{w}'" for w in words]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def flag(name: str, default: bool) -> bool:
+    """A boolean switch: ``1/true/yes/on`` -> True, ``0/false/no/off`` -> False, unset or
+    empty -> ``default`` (any case, surrounding whitespace ignored).
+
+    Raises:
+        NVFP4EnvError: any other value.
+    """
+    raw, value = _raw(name)
+    if not value:
+        return default
+    hit = _BOOL.get(value)
+    if hit is None:
+        raise NVFP4EnvError(
+            f"{name} must be one of {_BOOL_SPELLINGS}, got {raw!r} (any case; unset or empty "
+            f"means {'on' if default else 'off'})"
+        )
+    return hit
+
+
+def choice(name: str, choices: Sequence[str], default: str) -> str:
+    """A switch with named values: one of ``choices`` (lower-case words), returned in that
+    spelling; unset or empty -> ``default`` (any case, surrounding whitespace ignored).
+
+    Raises:
+        NVFP4EnvError: any other value.
+    """
+    raw, value = _raw(name)
+    if not value:
+        return default
+    if value not in choices:
+        raise NVFP4EnvError(
+            f"{name} must be {_either(choices)}, got {raw!r} (any case; unset or empty means "
+            f"{default!r})"
+        )
+    return value
+
+
+def auto_flag(name: str) -> bool | None:
+    """A three-way switch: ``auto`` (also unset or empty) -> None, a boolean spelling of
+    :func:`flag` -> True / False.
+
+    Raises:
+        NVFP4EnvError: any other value.
+    """
+    raw, value = _raw(name)
+    if not value or value == "auto":
+        return None
+    hit = _BOOL.get(value)
+    if hit is None:
+        raise NVFP4EnvError(
+            f"{name} must be 'auto' or one of {_BOOL_SPELLINGS}, got {raw!r} (any case; unset "
+            "or empty means 'auto')"
+        )
+    return hit
+
+
+def path(name: str) -> str | None:
+    """A path switch: the value with surrounding whitespace removed; None when unset or
+    empty (the caller's default applies)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return os.path.expanduser(raw.strip())
+
+
+def backend() -> str:
+    """``NVFP4_OPS_BACKEND``: ``"auto"`` (CUDA tensors run the CUDA kernels) or
+    ``"reference"`` (they run the pure-torch references, exact on any GPU).
+
+    Raises:
+        NVFP4EnvError: any other value.
+    """
+    return choice(BACKEND, ("auto", "reference"), "auto")
