@@ -1,136 +1,668 @@
-"""Benchmark ``nvfp4::moe`` (whole op: routing prep through combine) on one GPU.
+"""Benchmark ``nvfp4::moe`` across the matrix users run, against Humming and bf16.
 
-Side by side in the same run, for each shape and token count ``T``:
+Matrix: shapes V4-Flash (H 4096, I 2048, E 256, top-6) and V4-Pro (H 7168, I 3072, E 384,
+top-6); token counts T; routing ``uniform`` or ``skew`` (Zipf: expert popularity
+``1 / rank**skew`` over a random permutation of the experts, top-k without replacement per
+token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts starting at
+``(N // 2) * E / N``, global ids over all E, the same global routing as EP 1); weight formats
+``nvfp4`` and ``mxfp4``. Each cell times, in one process and one run:
 
-* **ours**: ``nvfp4_ops.moe`` with NVFP4 weights, their codes in the bit order the vLLM glue
-  uses (``--weight-order auto``: ``wperm`` where ``moe_cuda.wperm_supported``, prepared once
-  with ``nvfp4_ops.to_wperm_``; ``checkpoint`` / ``wperm`` force one);
-* **bf16**: the same MoE with bf16 weights and ``torch._grouped_mm`` (routing by ``argsort``,
-  gather, grouped GEMM 1, clamped SwiGLU, grouped GEMM 2, router weight, ``index_add_``
-  combine) on the same routing.
+* **ours**: ``nvfp4_ops.moe`` (routing, gather, both grouped GEMMs, combine: the whole op),
+  with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
+  (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
+  scales converted once by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes unchanged) and per-row global
+  scales (``w13_global [E, 2I]``, ``w2_global [E, H]``).
+* **Humming** (``humming-kernels`` 0.1.19, what vLLM 0.33 pins and tries first on SM90 for
+  NVFP4 and MXFP4 MoE): weights converted as vLLM converts ModelOpt-NVFP4 / MXFP4 expert
+  parameters, the MoE run as vLLM's Humming experts run it: the ``indexed`` GEMMs without
+  EP, ``grouped_contiguous`` with EP (``--humming-gemm`` overrides), bf16 activations, the
+  clamped SwiGLU (``swiglu_limit``) in Humming's input-processing kernel, then a weighted
+  top-k sum (one Triton kernel, as vLLM's ``moe_fused_mul_sum`` / ``moe_unpermute``).
+  **Asymmetry:** Humming's routing metadata (block-aligned sorted ids, or expert offsets and
+  scatter indices) is computed OUTSIDE its timed graph, while ours includes its routing and
+  combine; Humming's figures are therefore a lower bound of what its call costs inside vLLM.
+* **bf16**: the same MoE with bf16 weights (random, same sizes) and ``torch._grouped_mm``
+  (routing by ``argsort``, gather, grouped GEMM 1, clamped SwiGLU, grouped GEMM 2, router
+  weight, ``index_add_`` combine), timed in a phase of its own before the others (its V4-Pro
+  weights are 51 GB).
 
-Timing: each variant is captured once in a CUDA graph; every measured replay is preceded by an
-untimed L2 flush and timed with CUDA events; we report the median. ``--flush write`` (default,
-every committed result so far) writes a 256 MB buffer: L2 is then full of dirty lines whose
-write-back competes with the timed kernel for HBM, which likely inflates short calls.
-``--flush read`` reads the buffer instead (clean lines, nothing to write back).
-Routing is uniform random top-k (distinct experts per token).
+Timing: each implementation is captured once per cell in a CUDA graph holding ONE call; every
+timed replay is preceded by an untimed L2 flush that *reads* 256 MB (a write flush leaves dirty
+lines whose write-back is charged to the timed call); the median of ``--reps`` replays is
+reported. ``--chained N`` adds a graph of N back-to-back calls per replay: a throughput figure,
+labelled "chained", not a latency.
 
-Reported per row:
+Per cell: ``local_rows`` (slots routed to local experts), ``D`` (touched local experts),
+``roofline_us = max(D * 3 H I * b / 4.1 TB/s, 6 * local_rows * H I / 790 TFLOP/s)`` with
+``b`` = 0.5625 bytes per weight (NVFP4) or 0.53125 (MXFP4); for each implementation µs and %
+of that roofline; speed-ups ``vs H`` = t_Humming / t_ours and ``vs bf16`` = t_bf16 / t_ours
+(> 1: ours faster); MXFP4 rows also ``vs NVFP4`` = t_ours_NVFP4 / t_ours_MXFP4 (same cell).
+``--check`` compares ours with the reference at small T, and Humming with ours in every cell
+(relative L2), so a wrong adapter cannot pass silently.
 
-* ``us``: median device time of one whole MoE call.
-* ``TB/s``: effective weight bandwidth = ``D * B_e / t`` with ``D`` the experts this routing
-  touches and ``B_e = 3 H I * 0.5625`` bytes (NVFP4 codes + e4m3 block scales of one expert);
-  the same byte count is used for the bf16 baseline (so it is comparable, not its real
-  traffic).
-* ``TFLOP/s``: ``6 T k H I / t``.
-* ``%roof``: ``t_roof / t`` with ``t_roof = max(D B_e / 4.1 TB/s, 6 T k H I / 790 TFLOP/s)``
-  (REFERENCE.md section 5: H200 copy bandwidth and bf16 dense peak).
-* ``speedup``: ``t_bf16 / t_ours``.
+Output: progress lines as it goes; ``benchmarks/results/bench_moe_<format>_<shape>.json``
+rewritten after every cell (GPU name, versions, the command line, git commit, every cell,
+every skip and error); a table per shape / routing / EP / format and a PNG per shape and
+format (µs vs T, log-log) at the end. A failing implementation or cell prints one line and the
+run goes on; ``--time-limit`` stops starting cells (the rest are listed as not run).
 
-Run: ``python benchmarks/bench_moe.py --shapes v4-flash v4-pro --check``; JSON lands in
-``benchmarks/results/moe_<gpu>_<stamp>.json``.
+``--stages`` (NVFP4, a diagnostic): ours' routing, gather, GEMM 1, GEMM 2 and combine, each
+in a graph of its own (cold L2 each, no launch overlap), built from the op's internal pieces
+(``dispatch.plan_moe``, ``triton.moe_routing``, ``linear_cuda.run_gemm`` and its global-scale
+views, ``triton.moe_combine``); their sum against the whole op shows the gaps.
+
+``--ranks 2``: one process per GPU (NCCL; NVLink multicast off in every process), rank r owns
+experts ``[r E/2, (r+1) E/2)``; per-rank device time of the local MoE vs the single-GPU op at
+the same T, and the all-reduce of the ``[T, H]`` bf16 output timed separately
+(``bench_moe_ranks2.json``).
+
+CPU: ``--help``, ``--dry-run`` (the plan and its time estimate) and ``--fake-timings`` (the
+reporting path with timings from the estimate model, files marked fake) need no GPU; without
+CUDA the script says so and exits 0. Exit status 3: a ``--check`` failed.
+
+Run from the repository root::
+
+    python benchmarks/bench_moe.py --dry-run                  # the plan, its estimated time
+    python benchmarks/bench_moe.py --shapes v4-flash --format nvfp4 mxfp4 --check
+    python benchmarks/bench_moe.py --shapes v4-pro --ep 8 --routing skew --tokens 512 4096
+    python benchmarks/bench_moe.py --ranks 2                  # two GPUs
+
+Humming needs ``humming-kernels==0.1.19`` importable (it JIT-compiles its kernels with NVRTC
+from the CUDA toolkit's headers on first use, into ``~/.humming/cache``); without it the
+Humming columns are skipped with one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
+import gc
 import importlib.metadata
 import json
 import math
+import os
+import shlex
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
-from _timing import capture, replay_median_us
+from _timing import l2_flush, time_chained, time_one_call
 
 import nvfp4_ops
 from nvfp4_ops.shapes import MoEShape, get_shape
-from nvfp4_ops.testing import random_routing, rel_l2
+from nvfp4_ops.testing import (
+    MXFP4_BYTES_PER_WEIGHT,
+    NVFP4_BYTES_PER_WEIGHT,
+    align_block_routing,
+    contiguous_routing,
+    ep_slice,
+    fast_random_experts,
+    fast_random_mxfp4_experts,
+    make_routing,
+    moe_cost,
+    rel_l2,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 HBM_TBPS = 4.1
 PEAK_TFLOPS = 790.0
-DEFAULT_TOKENS = (1, 8, 32, 128, 512, 4096, 16384)
-CHECK_TOKENS = (1, 128, 4096)
+SHAPES = ("v4-flash", "v4-pro")
+TOKENS = (1, 8, 32, 128, 512, 2048, 4096, 16384)
+RANKS_TOKENS = (1, 8, 128, 512, 4096)
+ROUTINGS = ("uniform", "skew")
+EPS = (1, 8)
+FORMATS = ("nvfp4", "mxfp4")
+PEERS = ("humming", "bf16")
+BYTES_PER_WEIGHT = {"nvfp4": NVFP4_BYTES_PER_WEIGHT, "mxfp4": MXFP4_BYTES_PER_WEIGHT}
+#: relative L2 bounds of --check: ours vs the reference (per-slot bf16 rounding before the
+#: fp32 combine gives ~2.5e-3, as in tests/test_moe_gpu.py); Humming vs ours (Humming also
+#: rounds gate/up to bf16 before the activation: a few 1e-3 expected; a wrong layout, scale or
+#: gate/up order gives O(1))
+CHECK_REF_REL_L2 = 4e-3
+CHECK_PEER_REL_L2 = 2e-2
+#: every process of a multi-GPU run keeps NVLink multicast off (it can take the host's GPUs
+#: out of service); cuMulticastCreate is never called
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
 
+
+#: what each JSON row field means
+COLUMNS = {
+    "ep, expert_start, local_experts": "the EP degree and the rank timed: its first global "
+                                       "expert id and its expert count",
+    "T, routing": "tokens; uniform or skew (Zipf --skew) top-k routing, global ids",
+    "local_rows, touched_experts": "slots routed to local experts; distinct local experts hit",
+    "bytes, flops, roofline_us": "weight bytes of the touched local experts (bytes per weight "
+                                 "of the format), 6 H I FLOPs per local row, max(bytes / 4.1 "
+                                 "TB/s, flops / 790 TFLOP/s) in µs",
+    "<impl>_us": "median µs of one call per CUDA-graph replay after a 256 MB read flush "
+                 "(ours, humming, bf16)",
+    "<impl>_chained_us": "--chained N: µs per call of a graph of N back-to-back calls "
+                         "(throughput, not latency)",
+    "<impl>_pct_roofline": "100 * roofline_us / <impl>_us",
+    "speedup_vs_<peer>": "<peer>_us / ours_us (> 1: ours faster)",
+    "ours_nvfp4_us, speedup_vs_ours_nvfp4": "MXFP4 rows: ours on NVFP4 weights, same cell, same "
+                                            "run; its time / ours on MXFP4",
+    "humming_gemm": "the Humming MoE GEMM timed (indexed / grouped_contiguous)",
+    "check_humming_rel_l2, check_ok": "--check: relative L2 of Humming's output vs ours",
+    "stages_us": "--stages: ours' routing / gather / GEMM 1 / GEMM 2 / combine, each timed alone",
+    "errors": "implementation -> the error that kept it from this cell",
+}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --- the plan and its time estimate -----------------------------------------------------------
 
 @dataclass(frozen=True)
-class BenchConfig:
-    shape: MoEShape
-    num_tokens: int
-    reps: int
-    warm_reps: int = 3
+class Cell:
+    """One measurement point: every implementation is timed on the same inputs."""
 
-
-@dataclass
-class Row:
     shape: str
-    T: int
-    experts_touched: int
-    ours_us: float
-    bf16_us: float | None
-    speedup: float | None
-    ours_tbps: float
-    ours_tflops: float
-    ours_pct_roofline: float
-    bf16_tbps: float | None
-    roofline_us: float
-    block_m: int
+    fmt: str
+    ep: int
+    routing: str
+    tokens: int
+
+    @property
+    def key(self) -> str:
+        return f"ep{self.ep}/{self.routing}/T{self.tokens}"
 
 
-def fast_random_experts(shape: MoEShape, device: str) -> tuple[torch.Tensor, ...]:
-    """Random NVFP4 expert tensors (valid codes, finite e4m3 scales) without quantizing:
-    random bytes for the codes, scales drawn from [0.25, 1.5], globals ~ 1/sqrt(K)/4."""
-    e, h, i = shape.experts, shape.hidden, shape.intermediate
-    gen = torch.Generator(device=device).manual_seed(1234)
+def build_plan(args: argparse.Namespace) -> list[Cell]:
+    """Cells in run order: shape, format, EP, routing, T (T ascending).
 
-    def scales(*size):
-        return (torch.rand(*size, device=device, generator=gen) * 1.25 + 0.25).to(
-            torch.float8_e4m3fn)
+    Raises:
+        ValueError: an EP degree that does not divide a shape's experts.
+    """
+    cells = []
+    for name in dict.fromkeys(args.shapes):
+        shape = get_shape(name)
+        for ep in dict.fromkeys(args.ep):
+            ep_slice(shape.experts, ep)  # raises for a bad split
+        for fmt in dict.fromkeys(args.format):
+            for ep in dict.fromkeys(args.ep):
+                for routing in dict.fromkeys(args.routing):
+                    for num_tokens in sorted(set(args.tokens)):
+                        cells.append(Cell(name, fmt, ep, routing, num_tokens))
+    return cells
 
-    w13 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, device=device,
-                        generator=gen)
-    w13_scale = scales(e, 2 * i, h // 16)
-    w13_global = (torch.rand(e, 2, device=device, generator=gen) + 0.5) / (4 * math.sqrt(h))
-    w2 = torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, device=device, generator=gen)
-    w2_scale = scales(e, h, i // 16)
-    w2_global = (torch.rand(e, device=device, generator=gen) + 0.5) / (4 * math.sqrt(i))
-    return w13, w13_scale, w13_global, w2, w2_scale, w2_global
+
+def expected_cost(shape: MoEShape, fmt: str, ep: int, num_tokens: int
+                  ) -> tuple[float, float, float]:
+    """Expected ``(local_rows, bytes_us, flops_us)`` of a cell under uniform routing (for the
+    estimate only; the cells report the real counts): the weight stream of the touched local
+    experts at 4.1 TB/s, the FLOPs of the local rows at 790 TFLOP/s."""
+    local = shape.experts // ep
+    touched = local * (1 - (1 - shape.top_k / shape.experts) ** num_tokens)
+    rows = num_tokens * shape.top_k / ep
+    nbytes = touched * 3 * shape.hidden * shape.intermediate * BYTES_PER_WEIGHT[fmt]
+    flops = 6.0 * rows * shape.hidden * shape.intermediate
+    return rows, nbytes / (HBM_TBPS * 1e6), flops / (PEAK_TFLOPS * 1e6)
+
+
+def estimate_call_us(impl: str, shape: MoEShape, fmt: str, ep: int, num_tokens: int) -> float:
+    """A rough per-call time model (µs), calibrated on H200 figures of V4-Flash / V4-Pro under
+    uniform routing: ours and Humming at ~2x their roofline; bf16 at ~1.7x its weight stream
+    (2 bytes per weight) or ~2.2x the FLOP floor."""
+    _, bytes_us, flops_us = expected_cost(shape, fmt, ep, num_tokens)
+    roof = max(bytes_us, flops_us)
+    if impl == "ours":
+        return 2.0 * roof + 12.0
+    if impl == "humming":
+        return 2.2 * roof + 18.0
+    return max(1.7 * bytes_us * 2.0 / BYTES_PER_WEIGHT[fmt], 2.2 * flops_us) + 40.0
+
+
+def estimate(plan: list[Cell], args: argparse.Namespace) -> dict[str, float]:
+    """Seconds the plan should take on an H200 (rough): process start, kernel compiles,
+    weights, and per timed implementation ``(reps + warm + 2)`` calls plus ~0.15 ms per replay
+    (flush, events, host) and ~60 ms of capture and inputs."""
+    if not plan:
+        return {"setup_s": 0.0, "timing_s": 0.0, "total_s": 0.0}
+    shapes = list(dict.fromkeys(c.shape for c in plan))
+    setup = 20.0 + (30.0 + 25.0 * len(shapes) if args.jobs > 0 else 70.0 * len(shapes))
+    timing = 0.0
+    for name in shapes:
+        shape = get_shape(name)
+        cells = [c for c in plan if c.shape == name]
+        quant_gb = shape.experts * 3 * shape.hidden * shape.intermediate * 0.5625 / 1e9
+        for _ in dict.fromkeys(c.fmt for c in cells):
+            setup += 1.0 + quant_gb / 20.0  # random codes + our preparation
+            if "humming" in args.peers:
+                setup += 20.0 + 2 * quant_gb / 10.0  # its kernel compiles, its weight transform
+        if "bf16" in args.peers:
+            setup += 2.0 + quant_gb * 2 / 0.5625 / 40.0
+    calls = args.reps + args.warm_reps + 2
+    impls = ["ours"] + [p for p in args.peers if p == "humming"]
+    bf16_keys = set()
+    for c in plan:
+        shape = get_shape(c.shape)
+        for impl in impls:
+            t_us = estimate_call_us(impl, shape, c.fmt, c.ep, c.tokens)
+            timing += calls * (t_us + 150.0) * 1e-6 + 0.06
+            if args.chained:
+                timing += args.reps * args.chained * t_us * 1e-6
+            if args.stages and impl == "ours" and c.fmt == "nvfp4":
+                timing += 5 * (calls * (t_us / 3 + 150.0) * 1e-6 + 0.06)
+        if "bf16" in args.peers and (c.shape, c.ep, c.routing, c.tokens) not in bf16_keys:
+            bf16_keys.add((c.shape, c.ep, c.routing, c.tokens))
+            timing += calls * (estimate_call_us("bf16", shape, c.fmt, c.ep, c.tokens)
+                               + 150.0) * 1e-6 + 0.06
+    if args.check:
+        timing += 4.0 * len({(c.shape, c.fmt, c.ep) for c in plan})
+    return {"setup_s": setup, "timing_s": timing, "total_s": setup + timing}
+
+
+def describe_plan(plan: list[Cell], args: argparse.Namespace) -> str:
+    est = estimate(plan, args)
+    dims = (f"{len(dict.fromkeys(c.shape for c in plan))} shape(s) x "
+            f"{len(dict.fromkeys(c.fmt for c in plan))} format(s) x "
+            f"{len(dict.fromkeys(c.ep for c in plan))} EP x "
+            f"{len(dict.fromkeys(c.routing for c in plan))} routing(s) x "
+            f"{len(dict.fromkeys(c.tokens for c in plan))} T")
+    lines = [f"plan: {dims} = {len(plan)} cells; implementations: "
+             f"{', '.join(['ours', *args.peers])}; reps {args.reps}"
+             + (f"; chained x{args.chained}" if args.chained else "")
+             + ("; --check" if args.check else "") + ("; --stages" if args.stages else ""),
+             f"estimated time (rough, H200): {est['total_s'] / 60:.1f} min "
+             f"(setup {est['setup_s']:.0f} s, timing {est['timing_s']:.0f} s)"]
+    if est["total_s"] > 480:
+        lines.append("  more than one ~8-minute device call: split it with --shapes / --format "
+                     "/ --ep / --routing, or bound it with --time-limit")
+    return "\n".join(lines)
+
+
+# --- results: rows, JSON, tables, plots --------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "torch": torch.__version__,
+           "cuda": torch.version.cuda or "none"}
+    for dist in ("triton", "nvidia-cutlass-dsl", "apache-tvm-ffi", "humming-kernels"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def git_commit() -> str:
+    """HEAD (``+dirty`` with local changes), else ``NVFP4_OPS_COMMIT``, else "unknown" (the
+    GPU machine gets a copy of the tree without its history)."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
+                                    "--untracked-files=no"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+            return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("NVFP4_OPS_COMMIT", "unknown")
+
+
+def run_meta(args: argparse.Namespace, fake: bool) -> dict:
+    try:
+        from nvfp4_ops import _compile
+
+        fingerprint = _compile.fingerprint()
+    except Exception as exc:  # noqa: BLE001 - metadata only
+        fingerprint = f"unavailable ({type(exc).__name__})"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {
+        "gpu": "FAKE (timings from the estimate model, no GPU)" if fake else gpu,
+        "fake": fake,
+        "versions": versions(),
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "commit": git_commit(),
+        "source_fingerprint": fingerprint,
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "method": "one op call per CUDA-graph replay; before each replay L2 is flushed by "
+                  "reading 256 MB; median of reps; every implementation in one process",
+        "reps": args.reps, "warm_reps": args.warm_reps, "chained": args.chained,
+        "skew": args.skew, "seed": args.seed, "humming_gemm": args.humming_gemm,
+        "roofline": {"hbm_tbps": HBM_TBPS, "peak_tflops": PEAK_TFLOPS,
+                     "bytes_per_weight": BYTES_PER_WEIGHT},
+        "asymmetry": "Humming's routing metadata is precomputed outside its timed graph; "
+                     "ours includes routing and combine",
+    }
+
+
+class Report:
+    """Rows per (format, shape), each JSON file rewritten after every update."""
+
+    def __init__(self, out_dir: Path, meta: dict, plan: list[Cell]) -> None:
+        self.out_dir = out_dir
+        self.meta = meta
+        self.docs: dict[tuple[str, str], dict] = {}
+        self.formats = {c.shape: [] for c in plan}
+        for c in plan:
+            if c.fmt not in self.formats[c.shape]:
+                self.formats[c.shape].append(c.fmt)
+        self.check_failed = False
+
+    def _doc(self, fmt: str, shape: str) -> dict:
+        if (fmt, shape) not in self.docs:
+            self.docs[(fmt, shape)] = {
+                "benchmark": "bench_moe", "format": fmt, "shape": asdict(get_shape(shape)),
+                "meta": self.meta, "columns": COLUMNS, "rows": {}, "notes": []}
+        return self.docs[(fmt, shape)]
+
+    def row(self, cell: Cell) -> dict:
+        rows = self._doc(cell.fmt, cell.shape)["rows"]
+        if cell.key not in rows:
+            shape = get_shape(cell.shape)
+            start, local = ep_slice(shape.experts, cell.ep)
+            rows[cell.key] = {"shape": cell.shape, "format": cell.fmt, "ep": cell.ep,
+                              "expert_start": start, "local_experts": local,
+                              "routing": cell.routing, "T": cell.tokens, "errors": {}}
+        return rows[cell.key]
+
+    def set(self, cell: Cell, **fields) -> dict:
+        row = self.row(cell)
+        errors = fields.pop("errors", {})
+        row.update(fields)
+        row["errors"].update(errors)
+        self._derive(row)
+        if fields.get("check_ok") is False:
+            self.check_failed = True
+        self.write(cell.fmt, cell.shape)
+        return row
+
+    def note(self, fmt: str | None, shape: str, msg: str) -> None:
+        log(msg)
+        for f in [fmt] if fmt else self.formats.get(shape, ["nvfp4"]):
+            self._doc(f, shape)["notes"].append(msg)
+            self.write(f, shape)
+
+    def _derive(self, row: dict) -> None:
+        ours = row.get("ours_us")
+        roof = row.get("roofline_us")
+        for impl in ("ours", "humming", "bf16"):
+            t = row.get(f"{impl}_us")
+            if t and roof:
+                row[f"{impl}_pct_roofline"] = 100.0 * roof / t
+        for peer in ("humming", "bf16"):
+            t = row.get(f"{peer}_us")
+            row[f"speedup_vs_{peer}"] = t / ours if t and ours else None
+        if row["format"] == "mxfp4":
+            nv = self.docs.get(("nvfp4", row["shape"]), {}).get("rows", {})
+            key = f"ep{row['ep']}/{row['routing']}/T{row['T']}"
+            t_nv = nv.get(key, {}).get("ours_us")
+            row["ours_nvfp4_us"] = t_nv
+            row["speedup_vs_ours_nvfp4"] = t_nv / ours if t_nv and ours else None
+
+    def path(self, fmt: str, shape: str, suffix: str) -> Path:
+        return self.out_dir / f"bench_moe_{fmt}_{shape}{suffix}"
+
+    def write(self, fmt: str, shape: str) -> None:
+        doc = dict(self._doc(fmt, shape))
+        doc["rows"] = sorted(doc["rows"].values(),
+                             key=lambda r: (r["ep"], r["routing"], r["T"]))
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.path(fmt, shape, ".json")
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(path)
+
+    def finish(self) -> None:
+        for (fmt, shape), doc in self.docs.items():
+            for row in doc["rows"].values():
+                self._derive(row)
+            self.write(fmt, shape)
+
+    def tables(self) -> str:
+        out = []
+        fake = " [FAKE timings]" if self.meta.get("fake") else ""
+        for (fmt, shape), doc in self.docs.items():
+            rows = list(doc["rows"].values())
+            for ep in sorted({r["ep"] for r in rows}):
+                for routing in [x for x in ROUTINGS if any(r["routing"] == x for r in rows)]:
+                    sel = sorted((r for r in rows if r["ep"] == ep and r["routing"] == routing),
+                                 key=lambda r: r["T"])
+                    if sel:
+                        out.append(format_table(shape, fmt, ep, routing, sel) + fake)
+        return "\n\n".join(out)
+
+    def plots(self) -> list[Path]:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            log(f"plots skipped: matplotlib not importable ({exc})")
+            return []
+        paths = []
+        for (fmt, shape), doc in self.docs.items():
+            rows = list(doc["rows"].values())
+            eps = sorted({r["ep"] for r in rows})
+            if not rows:
+                continue
+            try:
+                fig, axes = plt.subplots(1, len(eps), figsize=(6.4 * len(eps), 4.6), dpi=110,
+                                         squeeze=False)
+                for ax, ep in zip(axes[0], eps, strict=True):
+                    _plot_panel(ax, [r for r in rows if r["ep"] == ep], ep, fmt)
+                gpu = self.meta.get("gpu", "GPU")
+                fig.suptitle(f"MoE {shape} {fmt.upper()} on {gpu} (one call per CUDA-graph "
+                             "replay, L2 flushed by a read, medians)", fontsize=9)
+                fig.tight_layout()
+                path = self.path(fmt, shape, ".png")
+                fig.savefig(path)
+                plt.close(fig)
+                paths.append(path)
+            except Exception as exc:  # noqa: BLE001 - the JSON and tables are written already
+                log(f"plot {fmt} {shape} failed: {type(exc).__name__}: {exc}")
+        return paths
+
+
+def _plot_panel(ax, rows: list[dict], ep: int, fmt: str) -> None:
+    colors = {"ours": "tab:green", "humming": "tab:blue", "bf16": "tab:gray"}
+    labels = {"ours": "nvfp4-ops", "humming": "Humming 0.1.19", "bf16": "bf16 _grouped_mm"}
+    styles = {"uniform": "-", "skew": "--"}
+    for routing in ROUTINGS:
+        sel = sorted((r for r in rows if r["routing"] == routing), key=lambda r: r["T"])
+        if not sel:
+            continue
+        for impl in ("ours", "humming", "bf16"):
+            pts = [(r["T"], r[f"{impl}_us"]) for r in sel if r.get(f"{impl}_us")]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), styles[routing], marker="o", ms=3,
+                        color=colors[impl], label=f"{labels[impl]} ({routing})")
+        pts = [(r["T"], r["roofline_us"]) for r in sel if r.get("roofline_us")]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), styles[routing], color="black", lw=0.8, alpha=0.5,
+                    label=f"roofline ({routing})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens T")
+    ax.set_ylabel("µs per MoE call")
+    local = rows[0]["local_experts"] if rows else "?"
+    ax.set_title(f"EP {ep} ({local} local experts), {fmt.upper()}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+
+
+def _num(value, fmt: str = "9.1f", width: int = 9) -> str:
+    return f"{value:{fmt}}" if isinstance(value, (int, float)) else f"{'-':>{width}s}"
+
+
+def format_table(shape: str, fmt: str, ep: int, routing: str, rows: list[dict]) -> str:
+    r0 = rows[0]
+    mx = fmt == "mxfp4"
+    head = (f"== {shape} | {fmt.upper()} | {routing} | EP {ep}: {r0['local_experts']} local "
+            f"experts from {r0['expert_start']} ==\n"
+            f"{'T':>6s} {'rows':>6s} {'D':>4s} {'roof us':>8s} {'ours us':>9s} {'%roof':>5s} "
+            f"{'Humming':>9s} {'%roof':>5s} {'bf16 us':>9s} {'vs H':>6s} {'vs bf16':>7s}"
+            + (f" {'vs NVFP4':>8s}" if mx else "") + f" {'chained':>8s}  notes")
+    lines = [head]
+    for r in rows:
+        notes = []
+        if r.get("check_ok") is False:
+            notes.append("CHECK FAILED")
+        if r.get("humming_gemm"):
+            notes.append(r["humming_gemm"])
+        notes += [f"{k}: {v}" for k, v in r.get("errors", {}).items()]
+        lines.append(
+            f"{r['T']:6d} {_num(r.get('local_rows'), '6d', 6)} "
+            f"{_num(r.get('touched_experts'), '4d', 4)} {_num(r.get('roofline_us'), '8.1f', 8)} "
+            f"{_num(r.get('ours_us'))} {_num(r.get('ours_pct_roofline'), '4.0f', 4)}% "
+            f"{_num(r.get('humming_us'))} {_num(r.get('humming_pct_roofline'), '4.0f', 4)}% "
+            f"{_num(r.get('bf16_us'))} {_num(r.get('speedup_vs_humming'), '5.2f', 5)}x "
+            f"{_num(r.get('speedup_vs_bf16'), '6.2f', 6)}x"
+            + (f" {_num(r.get('speedup_vs_ours_nvfp4'), '7.2f', 7)}x" if mx else "")
+            + f" {_num(r.get('ours_chained_us'), '8.1f', 8)}  {'; '.join(notes)}")
+    return "\n".join(lines)
+
+
+# --- fake timings (CPU: the reporting path without a GPU) ------------------------------------
+
+def run_fake(plan: list[Cell], args: argparse.Namespace, report: Report) -> None:
+    """Fill the report from the estimate model on the real routing of every cell (counts and
+    rooflines are real; the µs are not)."""
+    deadline = time.monotonic() + args.time_limit if args.time_limit else None
+    for i, cell in enumerate(plan):
+        if deadline is not None and time.monotonic() > deadline:
+            report.note(cell.fmt, cell.shape, f"not run (--time-limit {args.time_limit:g} s): "
+                                              f"{cell.shape} {cell.fmt} {cell.key}")
+            continue
+        shape = get_shape(cell.shape)
+        ids, _ = routing_for(shape, cell.routing, cell.tokens, args)
+        fields = cost_fields(shape, cell, ids)
+        fields["ours_us"] = estimate_call_us("ours", shape, cell.fmt, cell.ep, cell.tokens)
+        for peer in args.peers:
+            fields[f"{peer}_us"] = estimate_call_us(peer, shape, cell.fmt, cell.ep, cell.tokens)
+        if args.chained:
+            fields["ours_chained_us"] = 0.9 * fields["ours_us"]
+        if "humming" in args.peers:
+            fields["humming_gemm"] = humming_gemm_type(args.humming_gemm, cell.ep)
+        report.set(cell, **fields)
+        log(f"[{i + 1}/{len(plan)}] {cell.shape} {cell.fmt} {cell.key}: fake")
+
+
+def routing_for(shape: MoEShape, routing: str, num_tokens: int,
+                args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell's global routing (CPU, reproducible: the same for every EP degree, format and
+    run with this seed)."""
+    seed = args.seed * 100_003 + num_tokens * 2 + (routing == "skew")
+    return make_routing(routing, num_tokens, shape.experts, shape.top_k, skew=args.skew,
+                        seed=seed)
+
+
+def cost_fields(shape: MoEShape, cell: Cell, ids: torch.Tensor) -> dict:
+    start, local = ep_slice(shape.experts, cell.ep)
+    cost = moe_cost(ids, shape.hidden, shape.intermediate, expert_start=start,
+                    local_experts=local, bytes_per_weight=BYTES_PER_WEIGHT[cell.fmt],
+                    hbm_tbps=HBM_TBPS, peak_tflops=PEAK_TFLOPS)
+    return {"local_rows": cost.local_rows, "touched_experts": cost.touched_experts,
+            "bytes": cost.bytes, "flops": cost.flops, "roofline_us": cost.roofline_us}
+
+
+def humming_gemm_type(choice: str, ep: int) -> str:
+    """vLLM 0.33's choice (``get_humming_moe_gemm_type``): ``grouped_contiguous`` under expert
+    parallelism, ``indexed`` otherwise; ``--humming-gemm`` forces one."""
+    if choice == "auto":
+        return "grouped_contiguous" if ep > 1 else "indexed"
+    return {"indexed": "indexed", "grouped": "grouped_contiguous"}[choice]
+
+
+# --- GPU: the implementations ---------------------------------------------------------------
+
+_COMBINE_KERNEL = None
+
+
+def weighted_topk_sum(rows: torch.Tensor, row_index: torch.Tensor, topk_weights: torch.Tensor,
+                      out: torch.Tensor) -> torch.Tensor:
+    """``out[t] = bf16(sum_j topk_weights[t, j] * rows[row_index[t, j]])`` in fp32, slots with
+    ``row_index < 0`` skipped: one Triton launch, the work of vLLM's ``moe_fused_mul_sum``
+    (indexed) and ``moe_unpermute`` (grouped) after Humming's GEMMs.
+
+    ``rows bf16 [R, H]``, ``row_index int32 [T, k]``, ``topk_weights fp32 [T, k]``,
+    ``out bf16 [T, H]`` (returned).
+    """
+    global _COMBINE_KERNEL
+    import triton
+    import triton.language as tl
+
+    if _COMBINE_KERNEL is None:
+        @triton.jit
+        def _kernel(rows_ptr, index_ptr, weight_ptr, out_ptr, hidden, top_k: tl.constexpr,
+                    block: tl.constexpr):
+            token = tl.program_id(0)
+            cols = tl.program_id(1) * block + tl.arange(0, block)
+            in_row = cols < hidden
+            acc = tl.zeros([block], dtype=tl.float32)
+            for j in tl.static_range(top_k):
+                row = tl.load(index_ptr + token * top_k + j)
+                weight = tl.load(weight_ptr + token * top_k + j)
+                src = rows_ptr + tl.maximum(row, 0).to(tl.int64) * hidden + cols
+                acc += tl.load(src, mask=in_row & (row >= 0), other=0.0).to(tl.float32) * weight
+            tl.store(out_ptr + token.to(tl.int64) * hidden + cols, acc.to(tl.bfloat16),
+                     mask=in_row)
+
+        _COMBINE_KERNEL = _kernel
+    num_tokens, top_k = row_index.shape
+    hidden = rows.shape[1]
+    block = 1024
+    if num_tokens:
+        _COMBINE_KERNEL[(num_tokens, triton.cdiv(hidden, block))](
+            rows, row_index, topk_weights, out, hidden, top_k=top_k, block=block)
+    return out
 
 
 class Bf16GroupedMoE:
-    """The bf16 baseline: bf16 weights (random, same sizes), ``torch._grouped_mm``."""
+    """The bf16 baseline: bf16 weights (random, same sizes) for experts
+    ``[expert_start, expert_start + E)``, ``torch._grouped_mm``; routing, gather and combine
+    in torch inside the timed call. Other ranks' slots sort last and are masked out."""
 
-    def __init__(self, shape: MoEShape, device: str) -> None:
-        e, h, i = shape.experts, shape.hidden, shape.intermediate
-        gen = torch.Generator(device=device).manual_seed(99)
-        # [E, N, K] contiguous, passed transposed ([E, K, N], K-major) as _grouped_mm wants.
-        # Filled a few experts at a time: an fp32 randn of all V4-Pro experts would be 67 GB.
-        self.w13 = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device=device)
-        self.w2 = torch.empty(e, h, i, dtype=torch.bfloat16, device=device)
-        for e0 in range(0, e, 16):
-            e1 = min(e, e0 + 16)
-            self.w13[e0:e1] = torch.randn(e1 - e0, 2 * i, h, device=device,
-                                          generator=gen) / math.sqrt(h)
-            self.w2[e0:e1] = torch.randn(e1 - e0, h, i, device=device,
-                                         generator=gen) / math.sqrt(i)
-        self.num_experts = e
+    def __init__(self, shape: MoEShape, num_experts: int, expert_start: int, device: str,
+                 seed: int, weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        h, i = shape.hidden, shape.intermediate
+        if weights is None:
+            gen = torch.Generator(device=device).manual_seed(seed)
+            # [E, N, K] contiguous, passed transposed ([E, K, N], K-major) as _grouped_mm wants;
+            # filled a few experts at a time (an fp32 randn of all V4-Pro experts is 67 GB)
+            w13 = torch.empty(num_experts, 2 * i, h, dtype=torch.bfloat16, device=device)
+            w2 = torch.empty(num_experts, h, i, dtype=torch.bfloat16, device=device)
+            for e0 in range(0, num_experts, 16):
+                e1 = min(num_experts, e0 + 16)
+                w13[e0:e1] = torch.randn(e1 - e0, 2 * i, h, device=device,
+                                         generator=gen) / math.sqrt(h)
+                w2[e0:e1] = torch.randn(e1 - e0, h, i, device=device,
+                                        generator=gen) / math.sqrt(i)
+            weights = (w13, w2)
+        self.w13, self.w2 = weights
+        self.num_experts = num_experts
+        self.expert_start = expert_start
+        self.all_local = expert_start == 0 and num_experts == shape.experts
         self.inter = i
         self.limit = shape.swiglu_limit
 
+    def slice(self, shape: MoEShape, start: int, num_experts: int) -> Bf16GroupedMoE:
+        """The experts ``[start, start + num_experts)`` of this (all-expert) baseline, as views."""
+        return Bf16GroupedMoE(shape, num_experts, start, str(self.w13.device), 0,
+                              (self.w13[start:start + num_experts],
+                               self.w2[start:start + num_experts]))
+
     def __call__(self, hidden, topk_ids, topk_weights):
         num_tokens, top_k = topk_ids.shape
-        flat = topk_ids.reshape(-1).long()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.zeros(self.num_experts, dtype=torch.int32, device=hidden.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        flat = topk_ids.reshape(-1).long() - self.expert_start
+        local = (flat >= 0) & (flat < self.num_experts)
+        key = flat if self.all_local else torch.where(local, flat, self.num_experts)
+        order = torch.argsort(key, stable=True)
+        counts = torch.zeros(self.num_experts + 1, dtype=torch.int32, device=hidden.device)
+        counts.scatter_add_(0, key, torch.ones_like(key, dtype=torch.int32))
+        offs = torch.cumsum(counts[:-1], 0, dtype=torch.int32)
         token = order // top_k
         x = hidden.index_select(0, token)
         gate_up = torch._grouped_mm(x, self.w13.transpose(1, 2), offs=offs)
@@ -139,357 +671,880 @@ class Bf16GroupedMoE:
         act = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
         y = torch._grouped_mm(act, self.w2.transpose(1, 2), offs=offs)
         y = y.float() * topk_weights.reshape(-1)[order].unsqueeze(1)
+        if not self.all_local:  # rows past the last local offset are never written
+            y = torch.where(local[order].unsqueeze(1), y, 0.0)
         out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
         out.index_add_(0, token, y)
         return out.to(torch.bfloat16)
 
 
-def l2_flush(buf: torch.Tensor, mode: str = "write"):
-    """A callable that evicts L2 through ``buf`` (larger than L2): ``write`` fills it (dirty
-    lines), ``read`` reduces over it (clean lines)."""
-    if mode == "write":
-        return lambda: buf.fill_(1)
-    if mode == "read":
-        return lambda: torch.amax(buf)
-    raise ValueError(f"flush mode must be write or read, got {mode!r}")
+_HUMMING: dict | None = None
 
 
-def time_graph(fn, reps: int, warm_reps: int, flush) -> float:
-    """Median µs of ``fn`` replayed from a CUDA graph, L2 flushed before every timed replay
-    (``flush``: a callable from :func:`l2_flush`, or a buffer to write)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warm_reps):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = capture([fn])
-    t = replay_median_us(graph, reps,
-                         before_each=flush if callable(flush) else l2_flush(flush))
-    del graph
-    return t
+def humming_modules() -> dict | None:
+    """Humming's pieces vLLM 0.33 calls, imported once; None (after one clear line) when
+    ``humming`` is not importable."""
+    global _HUMMING
+    if _HUMMING is not None:
+        return _HUMMING or None
+    try:
+        import humming
+        from humming.config import GemmType
+        from humming.forward import humming_forward, may_process_input
+        from humming.schema import HummingInputSchema, Mxfp4WeightSchema
+        from humming.schema.modelopt import ModeloptNvfp4WeightSchema
+        from humming.transform import prepare_and_transform_humming_tensors
+        from humming.tune import get_heuristics_config
+    except Exception as exc:  # noqa: BLE001 - any import failure means: no Humming columns
+        log(f"humming-kernels not importable: {type(exc).__name__}: {exc}; Humming columns "
+            "skipped")
+        _HUMMING = {}
+        return None
+    _HUMMING = dict(version=getattr(humming, "__version__", "?"), GemmType=GemmType,
+                    humming_forward=humming_forward, may_process_input=may_process_input,
+                    HummingInputSchema=HummingInputSchema, Mxfp4WeightSchema=Mxfp4WeightSchema,
+                    ModeloptNvfp4WeightSchema=ModeloptNvfp4WeightSchema,
+                    prepare=prepare_and_transform_humming_tensors,
+                    get_heuristics_config=get_heuristics_config)
+    _humming_environment()
+    return _HUMMING
 
 
-def versions() -> dict[str, str]:
-    out = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    for dist in ("triton", "nvidia-cutlass-dsl", "apache-tvm-ffi"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "unknown"
-    if out["triton"] == "unknown":
-        import triton
+def _humming_environment() -> None:
+    """Print how Humming will JIT-compile (NVRTC through its bundled ``nvrtc_compile`` helper,
+    or nvcc), from which CUDA environment and into which cache; make sure NVRTC finds its
+    builtins library (it loads ``libnvrtc-builtins`` by name, so its folder must be on
+    ``LD_LIBRARY_PATH`` of the compile subprocesses)."""
+    try:
+        from humming.jit.runtime import KernelRuntime
+        from humming.utils.jit import get_humming_cache_dir
+        from humming.utils.nvrtc import _find_nvrtc_lib_dir
 
-        out["triton"] = triton.__version__
-    if out["nvidia-cutlass-dsl"] == "unknown":
-        try:
-            import cutlass
-
-            out["nvidia-cutlass-dsl"] = getattr(cutlass, "__version__", "unknown")
-        except ImportError:
-            pass
-    out["cuda"] = torch.version.cuda or "none"
-    return out
-
-
-def check(shape: MoEShape, experts, tokens, device: str, wperm: bool = False) -> list[dict]:
-    """Ours vs the reference on the benchmark's own weights and routing (``wperm``: the
-    weights' codes are in that bit order; both read them so)."""
-    from nvfp4_ops.reference import moe_reference
-
-    results = []
-    for num_tokens in tokens:
-        hidden, ids, weights = moe_inputs(shape, num_tokens, num_tokens, device)
-        args = (hidden, ids, weights, *experts)
-        got = nvfp4_ops.moe(*args, swiglu_limit=shape.swiglu_limit, output_scale=1.5,
-                            wperm=wperm)
-        want = moe_reference(*args, 0, shape.swiglu_limit, 1.5, wperm=wperm)
-        err = rel_l2(got, want)
-        ok = err < 4e-3 and not bool(got.isnan().any())
-        results.append({"shape": shape.name, "T": num_tokens, "rel_l2": err, "ok": ok})
-        print(f"check {shape.name:9s} T={num_tokens:6d} rel_l2={err:.2e} {'ok' if ok else 'FAIL'}",
-              flush=True)
-    return results
+        lib_dir, lib_path, env = _find_nvrtc_lib_dir()
+        paths = os.environ.get("LD_LIBRARY_PATH", "").split(":")
+        if lib_dir and lib_dir not in paths:
+            os.environ["LD_LIBRARY_PATH"] = ":".join([lib_dir, *[p for p in paths if p]])
+        log(f"humming {_HUMMING['version']}: compiler {KernelRuntime._get_compiler().__name__}"
+            f", CUDA env {env['path']} ({env['source']}), nvrtc {lib_path}, cache "
+            f"{get_humming_cache_dir()}")
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        log(f"humming: environment probe failed ({type(exc).__name__}: {exc})")
 
 
-def bench_shape(shape: MoEShape, tokens, reps: int, do_check: bool, baseline: bool,
-                device: str, weight_order: str = "auto",
-                flush_mode: str = "write") -> tuple[list[Row], list[dict]]:
-    from nvfp4_ops.kernels import moe_cuda
-
-    t0 = time.time()
-    experts = fast_random_experts(shape, device)
-    # the weight bit order the vLLM glue would use ("auto"), or the one asked for
-    wperm = weight_order == "wperm" or (
-        weight_order == "auto" and moe_cuda.wperm_supported(shape.hidden, shape.intermediate))
-    if wperm:
-        nvfp4_ops.to_wperm_(experts[0])
-        nvfp4_ops.to_wperm_(experts[3])
-    print(f"{shape.name}: weight codes in the {'wperm' if wperm else 'checkpoint'} bit order",
-          flush=True)
-    base = Bf16GroupedMoE(shape, device) if baseline else None
-    torch.cuda.synchronize()
-    print(f"{shape.name}: weights ready in {time.time() - t0:.1f} s", flush=True)
-    t0 = time.time()
-    from nvfp4_ops import _compile
-
-    _compile.warmup([shape.name])  # grouped-GEMM variants: compile (or load) + run once
-    moe_cuda.warmup_triton(shape.hidden, shape.top_k, device)
-    print(f"{shape.name}: warmup {time.time() - t0:.1f} s", flush=True)
-    checks = check(shape, experts, CHECK_TOKENS, device, wperm) if do_check else []
-    if do_check and not all(c["ok"] for c in checks):
-        raise SystemExit(f"{shape.name}: --check failed: {checks}")
-    flush = l2_flush(torch.empty(256 * 2**20, dtype=torch.uint8, device=device), flush_mode)
-    bytes_per_expert = shape.bytes_per_expert
-    rows = []
-    for num_tokens in tokens:
-        cfg = BenchConfig(shape, num_tokens, reps)
-        hidden, ids, weights = moe_inputs(shape, num_tokens, 7 + num_tokens, device)
-        touched = int(torch.unique(ids).numel())
-        flops = 6.0 * num_tokens * shape.top_k * shape.hidden * shape.intermediate
-        moved = touched * bytes_per_expert
-        roof_us = max(moved / (HBM_TBPS * 1e12), flops / (PEAK_TFLOPS * 1e12)) * 1e6
-
-        def ours(hidden=hidden, ids=ids, weights=weights):
-            return nvfp4_ops.moe(hidden, ids, weights, *experts,
-                                 swiglu_limit=shape.swiglu_limit, output_scale=1.0,
-                                 wperm=wperm)
-
-        def bf16(hidden=hidden, ids=ids, weights=weights):
-            return base(hidden, ids, weights)
-
-        ours_us = time_graph(ours, cfg.reps, cfg.warm_reps, flush)
-        bf16_us = None
-        if base is not None:
-            bf16_us = time_graph(bf16, cfg.reps, cfg.warm_reps, flush)
-        row = Row(
-            shape=shape.name, T=num_tokens, experts_touched=touched,
-            ours_us=ours_us, bf16_us=bf16_us,
-            speedup=bf16_us / ours_us if bf16_us else None,
-            ours_tbps=moved / (ours_us * 1e-6) / 1e12,
-            ours_tflops=flops / (ours_us * 1e-6) / 1e12,
-            ours_pct_roofline=100.0 * roof_us / ours_us,
-            bf16_tbps=moved / (bf16_us * 1e-6) / 1e12 if bf16_us else None,
-            roofline_us=roof_us,
-            block_m=moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
-                                     shape.intermediate)[0],
-        )
-        rows.append(row)
-        print(format_row(row), flush=True)
-    return rows, checks
+def clamped_swiglu_impl(limit: float, alpha: float = 1.0, beta: float = 0.0) -> str:
+    """The C++ expression Humming's input-processing kernel evaluates per (gate ``a``, up
+    ``b``) pair of a ``binary_split`` activation: vLLM 0.33 passes SwiGLU with
+    ``gate = min(a, L)``, ``up = clamp(b, -L, L)``, ``silu(alpha * gate) * (up + beta)`` for
+    DeepSeek-V4's ``SiluAndMul`` with ``swiglu_limit`` (alpha 1, beta 0), the clamp ours
+    applies."""
+    lim, a_, b_ = (f"({float(v)}f)" for v in (limit, alpha, beta))
+    return ("[](float a, float b) { const float gate = fminf(a, " + lim + "); "
+            "const float up = fmaxf(fminf(b, " + lim + "), -" + lim + "); "
+            "return gate / (1.f + expf(-" + a_ + " * gate)) * (up + " + b_ + "); }(a, b)")
 
 
-def sweep_and_breakdown(shape: MoEShape, tokens, reps: int, device: str) -> list[dict]:
-    """Diagnostics: the whole op at every ``block_m`` and the time of each stage at the chosen
-    one (routing+gather, GEMM 1, GEMM 2, combine), each from its own graph. The GEMMs take the
-    global scales as views (``[E, 2, I]``, ``[E, 1, H]``), as the op passes them."""
-    experts = fast_random_experts(shape, device)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-    out = []
-    for num_tokens in tokens:
-        line = _diagnose(shape, experts, num_tokens, reps, flush, device)
-        print(json.dumps(line), flush=True)
-        out.append(line)
-    return out
+class HummingMoE:
+    """Humming's MoE for one EP slice, built and run as vLLM 0.33 builds and runs it.
+
+    Weights (``convert_to_humming_moe_kernel_format``): the checkpoint tensors of each of w13
+    and w2 go through the format's Humming schema (``ModeloptNvfp4WeightSchema`` for NVFP4 -
+    ``weight`` uint8 [E, N, K/2], ``weight_scale`` e4m3 [E, N, K/16], ``weight_scale_2`` fp32
+    [E, 2] (w13) / [E] (w2); ``Mxfp4WeightSchema`` for MXFP4 - ``weight``, ``weight_scale``
+    UE8M0 bytes [E, N, K/32], e2m1 / e8m0 group 32), then
+    ``prepare_and_transform_humming_tensors`` (N padded to 256, K to 128, bf16 params, bf16
+    activations: the default input schema). vLLM hands Humming the layer's ``[E, 2]``
+    ``w13_weight_scale_2`` as loaded: with equal gate and up scales (ModelOpt's exports; the
+    benchmark's weights) Humming keeps one fp32 tensor scale per expert; with different ones
+    it would switch to per-channel scales in bf16 (rounded). vLLM's other NVFP4 backends use
+    column 0 for both halves; ours applies both, exactly.
+
+    Call (``HummingIndexedExperts.apply`` / ``HummingGroupedExperts.apply``): indexed - GEMM 1
+    reads the token rows through block-aligned sorted ids (top_k = k), the activation kernel
+    writes ``act [T k, I]``, GEMM 2 (top_k = 1), weighted sum over the slots; grouped - the
+    input kernel scatters the token rows into expert order, both GEMMs walk expert offsets,
+    weighted sum through the scatter index. The routing metadata (:meth:`prepare`) is
+    computed outside the timed call (the asymmetry of the module docstring). The kernels'
+    tuning lists are vLLM's (``get_heuristics_config``), cut to the entries the planned token
+    counts select: Humming compiles every entry of a list on first use, and a cut list picks
+    the same entry, hence the same kernel, for those counts.
+    """
+
+    def __init__(self, shape: MoEShape, fmt: str, tensors: dict[str, torch.Tensor], *,
+                 expert_start: int, local_experts: int, gemm_type: str,
+                 token_counts: list[int], device: str) -> None:
+        hm = humming_modules()
+        if hm is None:
+            raise RuntimeError("humming-kernels not importable")
+        self.hm = hm
+        self.shape = shape
+        self.local_experts = local_experts
+        self.expert_start = expert_start
+        self.gemm_type = gemm_type
+        self.device = device
+        h, i = shape.hidden, shape.intermediate
+        schema = (hm["ModeloptNvfp4WeightSchema"]() if fmt == "nvfp4"
+                  else hm["Mxfp4WeightSchema"]())
+        sublayers = {"w13": (2 * i, h, [i, i]), "w2": (h, i, [h])}
+        self.config, self.weights, self.hadamard, self.tuning = {}, {}, {}, {}
+        self.compute = json.dumps({"use_batch_invariant": False, "use_f16_accum": False,
+                                   "gemm_type": gemm_type})
+        valid_ms = sorted({self.valid_shape_m(t) for t in token_counts})
+        for name, (n, k, n_stacks) in sublayers.items():
+            src = {"weight": tensors[name], "weight_scale": tensors[f"{name}_scale"]}
+            if fmt == "nvfp4":
+                src["weight_scale_2"] = tensors[f"{name}_global"]
+            w_schema, conv = schema.convert_humming(src, n_stacks, [k], torch.bfloat16,
+                                                    local_experts)
+            in_schema, in_tensors = hm["HummingInputSchema"]().convert_humming(
+                src, n_stacks, [k], torch.bfloat16, local_experts)
+            conv.update(in_tensors)
+            cfg, out = hm["prepare"](tensors=conv, shape_n=n, shape_k=k, pad_n_to_multiple=256,
+                                     pad_k_to_multiple=128, input_schema=in_schema,
+                                     weight_schema=w_schema, has_bias=False,
+                                     num_experts=local_experts, torch_dtype=torch.bfloat16,
+                                     device=device)
+            # Humming's tensors must own their storage: ours are permuted in place later
+            inputs = {t.untyped_storage().data_ptr() for t in src.values()}
+            out = {key: (t.clone() if t.untyped_storage().data_ptr() in inputs else t)
+                   for key, t in out.items()}
+            self.config[name], self.weights[name] = cfg, out
+            self.hadamard[name] = w_schema.hadamard_block_size
+            full = hm["get_heuristics_config"](layer_config=cfg, use_f16_accum=False,
+                                               use_batch_invariant=False,
+                                               gemm_type=hm["GemmType"](gemm_type))
+            picked = [entry for entry in full if any(entry[0] < m <= entry[1] for m in valid_ms)]
+            self.tuning[name] = (json.dumps(picked), picked, len(full))
+        # the bench stops calling it after two failures before any success
+        self.succeeded, self.failures, self.disabled = False, 0, None
+        self.locks = torch.zeros(torch.cuda.get_device_properties(device).multi_processor_count
+                                 * 8, dtype=torch.int32, device=device)
+        self.activation = clamped_swiglu_impl(shape.swiglu_limit)
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}: {len(picked)} of {n} tuning entries"
+                         for name, (_, picked, n) in self.tuning.items())
+
+    def valid_shape_m(self, num_tokens: int) -> int:
+        """vLLM's ``estimate_local_valid_shape_m``: the local share of the routed rows."""
+        return math.ceil(num_tokens * self.shape.top_k * self.local_experts / self.shape.experts)
+
+    def _block_m(self, name: str, valid_m: int) -> int:
+        for lo, hi, cfg in self.tuning[name][1]:
+            if lo < valid_m <= hi:
+                return cfg["block_shape"][0]
+        return 64  # vLLM's default when no entry matches
+
+    def prepare(self, topk_ids: torch.Tensor) -> dict:
+        """Routing metadata and buffers for one routing (outside any timed graph)."""
+        num_tokens, top_k = topk_ids.shape
+        h, i = self.shape.hidden, self.shape.intermediate
+        slots = num_tokens * top_k
+        dev = topk_ids.device
+        meta = {"valid_m": self.valid_shape_m(num_tokens), "tokens": num_tokens,
+                "gate_up": torch.empty(slots, 2 * i, dtype=torch.bfloat16, device=dev),
+                "act": torch.empty(slots, i, dtype=torch.bfloat16, device=dev),
+                "down": torch.empty(slots, h, dtype=torch.bfloat16, device=dev),
+                "out": torch.empty(num_tokens, h, dtype=torch.bfloat16, device=dev)}
+        rng = {"expert_start": self.expert_start, "local_experts": self.local_experts}
+        if self.gemm_type == "indexed":
+            for name in ("w13", "w2"):
+                meta[name] = align_block_routing(topk_ids, self._block_m(name, meta["valid_m"]),
+                                                 num_experts=self.shape.experts, **rng)
+            flat = topk_ids.reshape(-1).long() - self.expert_start
+            local = (flat >= 0) & (flat < self.local_experts)
+            meta["row_index"] = torch.where(local, torch.arange(slots, device=dev), -1).to(
+                torch.int32).reshape(num_tokens, top_k)
+        else:
+            offsets, inverse = contiguous_routing(topk_ids, **rng)
+            meta.update(offsets=offsets, row_index=inverse,
+                        scattered=torch.empty(slots, h, dtype=torch.bfloat16, device=dev))
+        return meta
+
+    def _gemm(self, name: str, inputs: torch.Tensor, outputs: torch.Tensor, meta: dict,
+              **moe) -> None:
+        w = self.weights[name]
+        self.hm["humming_forward"](
+            self.config[name], inputs=inputs, weight=w["weight"],
+            weight_scale=w.get("weight_scale"), zero_point=None, bias=None,
+            weight_scale_2=w.get("weight_scale_2"), outputs=outputs, locks=self.locks,
+            valid_shape_m=meta["valid_m"], compute_config=self.compute,
+            tuning_config=self.tuning[name][0], **moe)
+
+    def __call__(self, hidden: torch.Tensor, topk_weights: torch.Tensor, meta: dict):
+        process = self.hm["may_process_input"]
+        activation = {"activation_type": "binary_split", "activation_impl": self.activation}
+        if self.gemm_type == "indexed":
+            s13, e13, n13 = meta["w13"]
+            s2, e2, n2 = meta["w2"]
+            top_k = topk_weights.shape[1]
+            self._gemm("w13", hidden, meta["gate_up"], meta, sorted_ids=s13, expert_ids=e13,
+                       num_tokens_padded=n13, top_k=top_k)
+            process(self.config["w2"], inputs=meta["gate_up"], outputs=meta["act"],
+                    token_scales=None, hadamard_block_size=self.hadamard["w2"], layout="normal",
+                    **activation)
+            self._gemm("w2", meta["act"], meta["down"], meta, sorted_ids=s2, expert_ids=e2,
+                       num_tokens_padded=n2, top_k=1)
+        else:
+            valid = meta["offsets"][-1:]
+            process(self.config["w13"], inputs=hidden, outputs=meta["scattered"],
+                    token_scales=None, hadamard_block_size=self.hadamard["w13"],
+                    layout="scatter", scatter_idx=meta["row_index"], num_valid_tokens=valid)
+            self._gemm("w13", meta["scattered"], meta["gate_up"], meta,
+                       expert_layout=meta["offsets"])
+            process(self.config["w2"], inputs=meta["gate_up"], outputs=meta["act"],
+                    token_scales=None, hadamard_block_size=self.hadamard["w2"], layout="normal",
+                    num_valid_tokens=valid, **activation)
+            self._gemm("w2", meta["act"], meta["down"], meta, expert_layout=meta["offsets"])
+        return weighted_topk_sum(meta["down"], meta["row_index"], topk_weights, meta["out"])
 
 
-def moe_inputs(shape: MoEShape, num_tokens: int, seed: int, device: str = "cuda"):
-    """``(hidden bf16 [T, H], topk_ids, topk_weights fp32 [T, k])``: seeded random hidden
-    states and uniform random top-k routing (distinct experts per token)."""
-    torch.manual_seed(seed)
-    hidden = torch.randn(num_tokens, shape.hidden, device=device).to(torch.bfloat16)
-    ids, weights = random_routing(num_tokens, shape.experts, shape.top_k, device=device)
-    return hidden, ids, weights
+def wperm_supported(hidden: int, inter: int) -> bool:
+    """Whether the MoE kernels read ``wperm`` weights at these sizes (the vLLM glue's test)."""
+    from nvfp4_ops.kernels import dispatch
+
+    return dispatch.moe_wperm_supported(hidden, inter)
 
 
-@dataclass
-class MoEGemm:
-    """One of the MoE's grouped GEMMs with the operands the op gives it (:func:`moe_gemms`):
-    ``a [P, K]`` -> ``out [P, N_out]`` over the routing's tiles, weights ``w [E, N, K/2]``,
-    block scales, the global-scale view the op passes, and the epilogue's extras."""
+def precompile(shapes: list[str], jobs: int) -> None:
+    """Compile every CuTeDSL variant the shapes reach in ``jobs`` worker processes, into the
+    disk cache (``python -m nvfp4_ops precompile``'s parallel pass), so that
+    :func:`nvfp4_ops.warmup` only loads them; on failure warmup compiles them instead."""
+    t0 = time.monotonic()
+    try:
+        from nvfp4_ops.cli.precompile import _compile_parallel
 
-    name: str  # "gemm1" (gate/up + SwiGLU) or "gemm2" (down + router weight)
-    n: int
-    k: int
-    epilogue: str
-    a: torch.Tensor
-    out: torch.Tensor
-    w: torch.Tensor
-    w_scale: torch.Tensor
-    w_global: torch.Tensor
-    row_scale: torch.Tensor | None
-    swiglu_limit: float | None
-    routing: object  # moe_routing.MoERouting
-    block_m: int
-
-    def run(self, **kw):
-        """The op's own dispatch (``grouped_w4a16_gemm``); ``kw``: kperm, pdl, wperm."""
-        from nvfp4_ops.kernels import linear_cuda
-
-        return linear_cuda.grouped_w4a16_gemm(
-            self.a, self.routing.tile_expert, self.w, self.w_scale, self.w_global, self.out,
-            epilogue=self.epilogue, swiglu_limit=self.swiglu_limit, row_scale=self.row_scale,
-            bias=None, block_m=self.block_m, tile_rows=self.routing.tile_rows, **kw)
-
-    def launcher(self, cfg, w: torch.Tensor | None = None):
-        """A zero-argument callable launching kernel config ``cfg`` on these operands (``w``:
-        other weights of the same shape, e.g. in another code order)."""
-        from nvfp4_ops.kernels import linear_cuda
-
-        w = self.w if w is None else w
-        return lambda: linear_cuda._launch(cfg, self.a, self.routing.tile_expert, w,
-                                           self.w_scale, self.w_global, self.out,
-                                           self.swiglu_limit, self.row_scale, None,
-                                           self.routing.tile_rows)
+        log(f"precompiling the kernel variants of {', '.join(shapes)} with {jobs} workers")
+        n = _compile_parallel(list(shapes), True, jobs)
+        log(f"precompile: {n} compiled in {time.monotonic() - t0:.1f} s")
+    except Exception as exc:  # noqa: BLE001 - warmup compiles what is missing
+        log(f"precompile failed ({type(exc).__name__}: {exc}); warmup compiles instead")
 
 
-class MoEGemms(NamedTuple):
-    """The op's data flow up to its GEMMs at one tile (:func:`moe_gemms`)."""
-
-    routing: object  # moe_routing.MoERouting at block_m
-    gemm1: MoEGemm  # reads the gathered rows, writes act [P, I]
-    gemm2: MoEGemm  # reads act, writes the router-weighted expert outputs [P, H]
-    real: torch.Tensor  # bool [P]: rows of real (not skipped) tiles, the rows the op reads
-    m_tiles: int  # ceil(P / block_m), clamped as the op clamps it
+def _expert_views(tensors: dict[str, torch.Tensor], start: int, count: int) -> dict:
+    return {k: v[start:start + count] for k, v in tensors.items()}
 
 
-def moe_gemms(shape: MoEShape, experts, hidden, ids, weights, block_m: int,
-              kperm: bool) -> MoEGemms:
-    """Routing and gather as ``moe_cuda.moe_forward`` runs them (``kperm``: the gather writes
-    the permuted order of the family serving ``block_m``), and the two grouped GEMMs with
-    their operands, outputs allocated once (outside any graph capture)."""
-    from nvfp4_ops.kernels import linear_cuda
-    from nvfp4_ops.kernels.triton import moe_routing
-
-    w13, w13_scale, w13_global, w2, w2_scale, w2_global = experts
-    inter, hidden_size = shape.intermediate, shape.hidden
-    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
-    p = a.shape[0]
-    act = torch.empty(p, inter, dtype=torch.bfloat16, device=hidden.device)
-    y = torch.empty(p, hidden_size, dtype=torch.bfloat16, device=hidden.device)
-    common = {"routing": routing, "block_m": block_m}
-    gemm1 = MoEGemm("gemm1", 2 * inter, hidden_size, "swiglu", a, act, w13, w13_scale,
-                    linear_cuda.gate_up_global_view(w13_global, inter), None,
-                    shape.swiglu_limit, **common)
-    gemm2 = MoEGemm("gemm2", hidden_size, inter, "row_scale", act, y, w2, w2_scale,
-                    linear_cuda.per_group_global_view(w2_global, hidden_size), row_scale,
-                    None, **common)
-    real = torch.repeat_interleave(routing.tile_expert >= 0, block_m)[:p]
-    m_tiles = min(p // block_m, linear_cuda._m_tiles_cap(True))
-    return MoEGemms(routing, gemm1, gemm2, real, m_tiles)
+def _nvfp4_tensors(q) -> dict[str, torch.Tensor]:
+    return {"w13": q.w13, "w13_scale": q.w13_scale, "w13_global": q.w13_global, "w2": q.w2,
+            "w2_scale": q.w2_scale, "w2_global": q.w2_global}
 
 
-def moe_stages(shape: MoEShape, experts, hidden, ids, weights, block_m: int,
-               kperm: bool) -> dict:
-    """Stage name -> zero-argument callable for the op's stages at one tile (routing + gather,
-    GEMM 1, GEMM 2, combine), as ``moe_cuda.moe_forward`` runs them (launch overlap off), on
-    the operands of :func:`moe_gemms`."""
+def _mxfp4_tensors(m) -> dict[str, torch.Tensor]:
+    return {"w13": m.w13, "w13_scale": m.w13_scale, "w2": m.w2, "w2_scale": m.w2_scale}
+
+
+def stage_callables(shape: MoEShape, t: dict, wperm: bool, start: int, local: int,
+                    hidden, ids, weights) -> dict[str, Callable]:
+    """``--stages`` (NVFP4): the op's stages for its own plan, each a zero-argument callable
+    built as ``moe_cuda.moe_forward`` builds them, from ``dispatch.plan_moe``,
+    ``triton.moe_routing.moe_routing`` / ``gather_rows``, ``linear_cuda.run_gemm`` (with
+    ``gate_up_global_view`` / ``per_group_global_view``) and ``triton.moe_combine.combine``,
+    launched without launch overlap: internals, a diagnostic only."""
+    from nvfp4_ops.kernels import dispatch, linear_cuda
     from nvfp4_ops.kernels.triton import moe_combine, moe_routing
 
-    kw = {"kperm": True} if kperm else {}
-    g = moe_gemms(shape, experts, hidden, ids, weights, block_m, kperm)
+    num_tokens, top_k = ids.shape
+    h, i = shape.hidden, shape.intermediate
+    order = dispatch.WeightOrder.WPERM if wperm else dispatch.WeightOrder.CHECKPOINT
+    plan = dispatch.plan_moe(num_tokens, top_k, local, h, i, order=order, chained=False)
+    routing = moe_routing.moe_routing(ids, local, start, plan.block_m)
+    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, plan.act_order)
+    act = torch.empty(plan.num_rows, i, dtype=torch.bfloat16, device=a.device)
+    y = torch.empty(plan.num_rows, h, dtype=torch.bfloat16, device=a.device)
+    g13 = linear_cuda.gate_up_global_view(t["w13_global"], i)
+    g2 = linear_cuda.per_group_global_view(t["w2_global"], h)
+    tiles = {"tile_expert": routing.tile_expert, "tile_rows": routing.tile_rows}
     return {
-        "routing+gather": lambda: moe_routing.gather_rows(
-            hidden, weights, moe_routing.moe_routing(ids, shape.experts, 0, block_m), kperm),
-        "gemm1 swiglu": lambda: g.gemm1.run(**kw),
-        "gemm2 row_scale": lambda: g.gemm2.run(**kw),
-        "combine": lambda: moe_combine.combine(g.gemm2.out, g.routing.slot_row,
-                                               hidden.shape[0], shape.top_k, 1.0),
+        "routing": lambda: moe_routing.moe_routing(ids, local, start, plan.block_m),
+        "gather": lambda: moe_routing.gather_rows(hidden, weights, routing, plan.act_order),
+        "gemm1": lambda: linear_cuda.run_gemm(plan.gate_up, a, t["w13"], t["w13_scale"], g13,
+                                              act, row_scale=None,
+                                              swiglu_limit=shape.swiglu_limit, **tiles),
+        "gemm2": lambda: linear_cuda.run_gemm(plan.down, act, t["w2"], t["w2_scale"], g2, y,
+                                              row_scale=row_scale, swiglu_limit=None, **tiles),
+        "combine": lambda: moe_combine.combine(y, routing.slot_row, num_tokens, top_k, 1.0),
     }
 
 
-def _diagnose(shape: MoEShape, experts, num_tokens: int, reps: int, flush: torch.Tensor,
-              device: str) -> dict:
-    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+class GPUBench:
+    """Runs the plan on the GPU, shape by shape: the bf16 baseline over the shape's cells, then
+    for each format ours and Humming cell by cell (interleaved); each phase frees its weights."""
 
-    gemm = linear_cuda.grouped_w4a16_gemm
-    hidden, ids, weights = moe_inputs(shape, num_tokens, 7 + num_tokens, device)
-    whole = {}
-    for bm in moe_cuda.BLOCK_MS:
-        def run(bm=bm):
-            return moe_cuda.moe_forward(
-                hidden, ids, weights, *experts, 0, shape.swiglu_limit, 1.0, gemm=gemm,
-                block_m=bm, kperm=linear_cuda.grouped_kperm(shape.hidden, shape.intermediate,
-                                                            bm))
-        whole[bm] = time_graph(run, reps, 2, flush)
-    bm, kp = moe_cuda.op_tile(num_tokens, shape.top_k, shape.experts, shape.hidden,
-                              shape.intermediate)
-    stages = moe_stages(shape, experts, hidden, ids, weights, bm, kp)
-    stage_us = {name: time_graph(fn, reps, 2, flush) for name, fn in stages.items()}
-    return {"shape": shape.name, "T": num_tokens, "chosen_block_m": bm,
-            "whole_us_by_block_m": whole, "stage_us": stage_us}
+    def __init__(self, plan: list[Cell], args: argparse.Namespace, report: Report) -> None:
+        self.plan = plan
+        self.args = args
+        self.report = report
+        self.device = "cuda"
+        self.flush = l2_flush("read", device=self.device)
+        self.deadline = time.monotonic() + args.time_limit if args.time_limit else None
+        self.done = 0
+        self._inputs: dict[tuple, tuple] = {}
+        self.humming = "humming" in args.peers and humming_modules() is not None
+
+    # helpers ---------------------------------------------------------------------------------
+    def out_of_time(self, cell: Cell) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.report.note(cell.fmt, cell.shape, f"not run (--time-limit "
+                             f"{self.args.time_limit:g} s): {cell.shape} {cell.fmt} {cell.key}")
+            return True
+        return False
+
+    def measure(self, fn: Callable, keep: bool, chain: bool = True
+                ) -> tuple[float | None, float | None, object]:
+        """``(µs, chained µs or None, eager output (``keep``) or the error line)``; never
+        raises."""
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            out = out.clone() if keep else None
+            us = time_one_call(fn, self.args.reps, self.flush, warmup=self.args.warm_reps)
+            chained = None
+            if self.args.chained and chain:
+                chained = time_chained(fn, self.args.chained, self.args.reps, self.flush)
+            return us, chained, out
+        except Exception as exc:  # noqa: BLE001 - fail soft: one line, the run goes on
+            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            return None, None, msg[:300]
+
+    def inputs(self, shape: MoEShape, routing: str, num_tokens: int):
+        key = (shape.name, routing, num_tokens)
+        if key not in self._inputs:
+            ids, weights = routing_for(shape, routing, num_tokens, self.args)
+            gen = torch.Generator(device=self.device).manual_seed(self.args.seed * 7 + num_tokens)
+            hidden = torch.randn(num_tokens, shape.hidden, device=self.device,
+                                 generator=gen).to(torch.bfloat16)
+            self._inputs[key] = (hidden, ids.to(self.device), weights.to(self.device), ids)
+        return self._inputs[key]
+
+    # the run ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        shapes = list(dict.fromkeys(c.shape for c in self.plan))
+        if self.args.jobs > 0:
+            precompile(shapes, self.args.jobs)
+        for name in shapes:
+            self._inputs = {}
+            try:
+                self.run_shape(get_shape(name), [c for c in self.plan if c.shape == name])
+            except Exception:  # noqa: BLE001 - the next shape may still run
+                self.report.note(None, name, f"{name}: FAILED, its remaining cells skipped:\n"
+                                 + traceback.format_exc())
+            self._inputs = {}
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def run_shape(self, shape: MoEShape, cells: list[Cell]) -> None:
+        t0 = time.monotonic()
+        nvfp4_ops.warmup([shape.name])  # compile (or load) and run every variant once
+        log(f"{shape.name}: warmup {time.monotonic() - t0:.1f} s; nvfp4::moe runs "
+            f"{nvfp4_ops.kernels.describe('moe', self.device)}")
+        if "bf16" in self.args.peers:  # first: a --time-limit cuts the formats' cells instead
+            try:
+                self.run_bf16(shape, cells)
+            except Exception:  # noqa: BLE001
+                self.report.note(None, shape.name, f"{shape.name} bf16: FAILED:\n"
+                                 + traceback.format_exc())
+            gc.collect()
+            torch.cuda.empty_cache()
+        for fmt in dict.fromkeys(c.fmt for c in cells):
+            try:
+                self.run_format(shape, fmt, [c for c in cells if c.fmt == fmt])
+            except Exception:  # noqa: BLE001
+                self.report.note(fmt, shape.name, f"{shape.name} {fmt}: FAILED, its remaining "
+                                 "cells skipped:\n" + traceback.format_exc())
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def slices(self, shape: MoEShape, cells: list[Cell]) -> dict[int, tuple[int, int]]:
+        return {ep: ep_slice(shape.experts, ep) for ep in dict.fromkeys(c.ep for c in cells)}
+
+    def make_weights(self, shape: MoEShape, fmt: str, slices: dict) -> tuple[list, dict]:
+        """Checkpoint-order weights: all experts when EP 1 is planned (the slices are views),
+        else each slice's own experts (the same bytes as in the full set)."""
+        h, i, e = shape.hidden, shape.intermediate, shape.experts
+        kw = {"device": self.device, "seed": self.args.seed}
+
+        def make(count, first):
+            if fmt == "nvfp4":
+                # equal gate / up global scales, as ModelOpt's exports have them (HummingMoE)
+                return _nvfp4_tensors(fast_random_experts(count, h, i, first_expert=first,
+                                                          shared_gate_up_global=True, **kw))
+            return _mxfp4_tensors(fast_random_mxfp4_experts(count, h, i, first_expert=first,
+                                                            **kw))
+
+        if 1 in slices:
+            full = make(e, 0)
+            return [full], {ep: _expert_views(full, s, n) for ep, (s, n) in slices.items()}
+        views = {ep: make(n, s) for ep, (s, n) in slices.items()}
+        return list(views.values()), views
+
+    def run_format(self, shape: MoEShape, fmt: str, cells: list[Cell]) -> None:
+        t0 = time.monotonic()
+        slices = self.slices(shape, cells)
+        bases, views = self.make_weights(shape, fmt, slices)
+        torch.cuda.synchronize()
+        log(f"{shape.name} {fmt}: random weights in {time.monotonic() - t0:.1f} s")
+        humming = {}
+        if self.humming:  # from the checkpoint-order codes, before ours permutes them
+            for ep, (start, local) in slices.items():
+                t1 = time.monotonic()
+                gemm = humming_gemm_type(self.args.humming_gemm, ep)
+                try:
+                    humming[ep] = HummingMoE(
+                        shape, fmt, views[ep], expert_start=start, local_experts=local,
+                        gemm_type=gemm, token_counts=[c.tokens for c in cells if c.ep == ep],
+                        device=self.device)
+                    torch.cuda.synchronize()
+                    log(f"{shape.name} {fmt} EP {ep}: Humming weights ({gemm}) in "
+                        f"{time.monotonic() - t1:.1f} s; {humming[ep].describe()}")
+                except Exception as exc:  # noqa: BLE001
+                    self.report.note(fmt, shape.name, f"{shape.name} {fmt} EP {ep}: Humming "
+                                     f"skipped: {type(exc).__name__}: {exc}")
+        ours, reason = self.prepare_ours(shape, fmt, bases, views, slices)
+        if reason:
+            self.report.note(fmt, shape.name, f"{shape.name} {fmt}: ours skipped: {reason}")
+        del bases
+        if self.args.check and ours:
+            self.check_reference(shape, fmt, ours, cells)
+        for cell in cells:
+            if self.out_of_time(cell):
+                continue
+            self.run_cell(shape, cell, ours.get(cell.ep), humming.get(cell.ep))
+        del ours, humming, views
+
+    def prepare_ours(self, shape: MoEShape, fmt: str, bases: list, views: dict, slices: dict
+                     ) -> tuple[dict, str | None]:
+        """Ours per EP slice: ``(ep -> (call, tensors, wperm))``, or ``({}, why not)``."""
+        h, i = shape.hidden, shape.intermediate
+        wperm = wperm_supported(h, i)
+        if fmt == "mxfp4":
+            convert = getattr(nvfp4_ops, "mxfp4_to_nvfp4", None)
+            if convert is None:
+                return {}, ("nvfp4_ops.mxfp4_to_nvfp4 is not in this tree (the MXFP4 "
+                            "conversion has not landed)")
+            for base in bases:  # once per tensor, before the codes are permuted
+                for name in ("w13", "w2"):
+                    bs, gs = convert(base[name], base.pop(f"{name}_scale"), name=name)
+                    base[f"{name}_scale"], base[f"{name}_global"] = bs, gs
+            if 1 in slices:
+                views = {ep: _expert_views(bases[0], s, n) for ep, (s, n) in slices.items()}
+            else:
+                views = dict(zip(slices, bases, strict=True))
+        if wperm:
+            for base in bases:
+                nvfp4_ops.to_wperm_(base["w13"])
+                nvfp4_ops.to_wperm_(base["w2"])
+        out = {}
+        for ep, (start, _) in slices.items():
+            t = views[ep]
+
+            def call(hidden, ids, weights, t=t, start=start):
+                return nvfp4_ops.moe(hidden, ids, weights, t["w13"], t["w13_scale"],
+                                     t["w13_global"], t["w2"], t["w2_scale"], t["w2_global"],
+                                     expert_start=start, global_num_experts=shape.experts,
+                                     swiglu_limit=shape.swiglu_limit, output_scale=1.0,
+                                     wperm=wperm)
+
+            out[ep] = (call, t, wperm)
+        if fmt == "mxfp4":  # per-row global scales: does this tree's op take them?
+            hidden, ids, weights, _ = self.inputs(shape, "uniform", 1)
+            try:
+                next(iter(out.values()))[0](hidden, ids, weights)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001
+                return {}, (f"nvfp4.moe refused per-row global scales: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        log(f"{shape.name} {fmt}: ours ready (codes in the {'wperm' if wperm else 'checkpoint'} "
+            "bit order)")
+        return out, None
+
+    def check_reference(self, shape: MoEShape, fmt: str, ours: dict, cells: list[Cell]) -> None:
+        from nvfp4_ops.reference import moe_reference
+
+        planned = sorted({c.tokens for c in cells})
+        tokens = sorted({t for t in (1, 128) if t in planned} or {planned[0]})
+        for ep, (call, t, wperm) in ours.items():
+            start = ep_slice(shape.experts, ep)[0]
+            for num_tokens in tokens:
+                hidden, ids, weights, _ = self.inputs(shape, "uniform", num_tokens)
+                try:
+                    got = call(hidden, ids, weights)
+                    want = moe_reference(hidden, ids, weights, t["w13"], t["w13_scale"],
+                                         t["w13_global"], t["w2"], t["w2_scale"], t["w2_global"],
+                                         start, shape.swiglu_limit, 1.0, wperm=wperm)
+                    err = rel_l2(got, want)
+                    ok = err < CHECK_REF_REL_L2 and not bool(got.isnan().any())
+                except Exception as exc:  # noqa: BLE001
+                    self.report.note(fmt, shape.name, f"check {shape.name} {fmt} EP {ep} "
+                                     f"T={num_tokens}: reference unavailable: "
+                                     f"{type(exc).__name__}: {exc}")
+                    continue
+                self.report.check_failed |= not ok
+                self.report.note(fmt, shape.name, f"check {shape.name} {fmt} EP {ep} "
+                                 f"T={num_tokens}: ours vs reference rel_l2 {err:.2e} "
+                                 f"{'ok' if ok else 'FAILED'}")
+
+    def run_cell(self, shape: MoEShape, cell: Cell, ours, humming: HummingMoE | None) -> None:
+        hidden, ids, weights, ids_cpu = self.inputs(shape, cell.routing, cell.tokens)
+        fields = cost_fields(shape, cell, ids_cpu)
+        errors = {}
+        keep = self.args.check
+        parts = []
+        ours_out = None
+        if ours is not None:
+            call, t, wperm = ours
+            us, chained, ours_out = self.measure(lambda: call(hidden, ids, weights), keep)
+            if us is None:
+                errors["ours"] = ours_out
+                ours_out = None
+            else:
+                fields.update(ours_us=us, ours_chained_us=chained)
+                parts.append(f"ours {us:.1f} us ({100 * fields['roofline_us'] / us:.0f}% roof)")
+            if self.args.stages and cell.fmt == "nvfp4":
+                fields["stages_us"] = self.stages(shape, cell, t, wperm, hidden, ids, weights)
+        if humming is not None and humming.disabled:
+            errors["humming"] = f"skipped after two failures ({humming.disabled})"
+        elif humming is not None:
+            fields["humming_gemm"] = humming.gemm_type
+            try:
+                meta = humming.prepare(ids)
+                t_first = time.monotonic()
+                us, chained, h_out = self.measure(lambda: humming(hidden, weights, meta), keep)
+                first = time.monotonic() - t_first
+            except Exception as exc:  # noqa: BLE001
+                us, h_out, first = None, f"{type(exc).__name__}: {exc}", 0.0
+            if us is None:
+                errors["humming"] = h_out
+                humming.failures += 1
+                if not humming.succeeded and humming.failures >= 2:
+                    humming.disabled = h_out  # it never ran: stop paying for its attempts
+                    self.report.note(cell.fmt, cell.shape, f"{cell.shape} {cell.fmt} EP "
+                                     f"{cell.ep}: Humming failed on its first two cells, "
+                                     f"skipped for the rest: {h_out}")
+            else:
+                humming.succeeded = True
+                fields.update(humming_us=us, humming_chained_us=chained)
+                ratio = (f" (vs H {us / fields['ours_us']:.2f}x)" if fields.get("ours_us")
+                         else "")
+                parts.append(f"Humming {us:.1f} us{ratio}"
+                             + (f" [first call {first:.0f} s]" if first > 5 else ""))
+                if keep and ours_out is not None:
+                    err = rel_l2(h_out, ours_out)
+                    ok = err < CHECK_PEER_REL_L2 and not bool(h_out.isnan().any())
+                    fields.update(check_humming_rel_l2=err, check_ok=ok)
+                    parts.append(f"check rel_l2 {err:.1e} {'ok' if ok else 'FAILED'}")
+        self.report.set(cell, errors=errors, **fields)
+        self.done += 1
+        err_txt = "".join(f" | {k} FAILED: {v}" for k, v in errors.items())
+        log(f"[{self.done}/{len(self.plan)}] {cell.shape} {cell.fmt} {cell.key}: "
+            + " | ".join(parts) + err_txt)
+
+    def stages(self, shape, cell, t, wperm, hidden, ids, weights) -> dict | str:
+        start, local = ep_slice(shape.experts, cell.ep)
+        try:
+            fns = stage_callables(shape, t, wperm, start, local, hidden, ids, weights)
+            out = {}
+            for name, fn in fns.items():
+                us, _, err = self.measure(fn, False, chain=False)
+                out[name] = us if us is not None else err
+            log("  stages (each its own graph, cold L2): " + ", ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} FAILED {v}"
+                for k, v in out.items()))
+            return out
+        except Exception as exc:  # noqa: BLE001
+            return f"stages unavailable: {type(exc).__name__}: {exc}"
+
+    def run_bf16(self, shape: MoEShape, cells: list[Cell]) -> None:
+        t0 = time.monotonic()
+        slices = self.slices(shape, cells)
+        if 1 in slices:
+            full = Bf16GroupedMoE(shape, shape.experts, 0, self.device, self.args.seed)
+            base = {ep: full.slice(shape, s, n) for ep, (s, n) in slices.items()}
+        else:
+            base = {ep: Bf16GroupedMoE(shape, n, s, self.device, self.args.seed + ep)
+                    for ep, (s, n) in slices.items()}
+        torch.cuda.synchronize()
+        log(f"{shape.name}: bf16 weights in {time.monotonic() - t0:.1f} s")
+        seen = {}
+        for cell in cells:
+            key = (cell.ep, cell.routing, cell.tokens)
+            if key not in seen:
+                if self.out_of_time(cell):
+                    continue
+                hidden, ids, weights, _ = self.inputs(shape, cell.routing, cell.tokens)
+                model = base[cell.ep]
+                us, _, err = self.measure(
+                    lambda m=model, x=hidden, i=ids, w=weights: m(x, i, w), False, chain=False)
+                seen[key] = (us, err)
+                log(f"  bf16 {shape.name} {cell.key}: "
+                    + (f"{us:.1f} us" if us is not None else f"FAILED: {err}"))
+            us, err = seen[key]
+            if us is not None:
+                self.report.set(cell, bf16_us=us)
+            else:
+                self.report.set(cell, errors={"bf16": err})
+        del base
 
 
-HEADER = (f"{'shape':9s} {'T':>6s} {'D':>4s} {'bm':>3s} {'ours us':>9s} {'bf16 us':>9s} "
-          f"{'speedup':>7s} {'TB/s':>6s} {'TFLOP/s':>8s} {'%roof':>6s} {'roof us':>8s}")
+# --- --ranks N: expert parallelism over N GPUs ----------------------------------------------
+
+def run_ranks(args: argparse.Namespace) -> int:
+    world = args.ranks
+    tokens = sorted(set(args.tokens)) if args.tokens_given else list(RANKS_TOKENS)
+    log(f"plan (--ranks {world}): {', '.join(args.shapes)} x T {tokens}: per-rank local MoE "
+        f"(E/{world} experts), the single-GPU op, the all-reduce; reps {args.reps}")
+    est = 25.0 + (30 + 25 * len(args.shapes)) + len(args.shapes) * len(tokens) * 3 * (
+        args.reps + 4) * 0.01
+    log(f"estimated time (rough): {est / 60:.1f} min")
+    if args.dry_run:
+        return 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < world:
+        log(f"bench_moe --ranks {world}: needs {world} CUDA devices, found {count}; nothing "
+            "measured")
+        return 0
+    os.environ.update(MULTICAST_OFF)
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    cfg = {"shapes": list(args.shapes), "tokens": tokens, "reps": args.reps,
+           "warm_reps": args.warm_reps, "seed": args.seed, "out_dir": str(args.out_dir),
+           "meta": run_meta(args, False), "jobs": args.jobs}
+    with tempfile.TemporaryDirectory() as rdzv:
+        try:
+            mp.spawn(_rank_main, args=(world, rdzv, cfg), nprocs=world, join=True)
+        except Exception as exc:  # noqa: BLE001 - the child's traceback is in the message
+            log(f"bench_moe --ranks {world}: a rank failed:\n{exc}")
+            return 1
+    return 0
 
 
-def format_row(r: Row) -> str:
-    bf = f"{r.bf16_us:9.1f}" if r.bf16_us else f"{'-':>9s}"
-    sp = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7s}"
-    return (f"{r.shape:9s} {r.T:6d} {r.experts_touched:4d} {r.block_m:3d} {r.ours_us:9.1f} "
-            f"{bf} {sp} {r.ours_tbps:6.2f} {r.ours_tflops:8.1f} {r.ours_pct_roofline:5.1f}% "
-            f"{r.roofline_us:8.1f}")
+def _rank_main(rank: int, world: int, rdzv: str, cfg: dict) -> None:
+    os.environ.update(MULTICAST_OFF)
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"file://{rdzv}/rendezvous", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(minutes=5),
+                            device_id=device)
+    if rank == 0 and cfg["jobs"] > 0:
+        precompile(cfg["shapes"], cfg["jobs"])
+    dist.barrier()
+    flush = l2_flush("read", device=device)
+    rows = []
+    try:
+        for name in cfg["shapes"]:
+            rows += _rank_shape(rank, world, get_shape(name), cfg, flush, dist)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, rows)
+        if rank == 0:
+            _rank_report(world, gathered, cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_shape(rank, world, shape, cfg, flush, dist) -> list[dict]:
+    h, i, e = shape.hidden, shape.intermediate, shape.experts
+    local = e // world
+    start = rank * local
+    dev = torch.device("cuda", rank)
+    wperm = wperm_supported(h, i)
+    full = None
+    if rank == 0:  # all experts, for the single-GPU op; this rank's slice is a view
+        full = fast_random_experts(e, h, i, device=dev, seed=cfg["seed"])
+        mine = _expert_views(_nvfp4_tensors(full), start, local)
+    else:
+        mine = _nvfp4_tensors(fast_random_experts(local, h, i, device=dev, seed=cfg["seed"],
+                                                  first_expert=start))
+    for t in ([full.w13, full.w2] if full is not None else [mine["w13"], mine["w2"]]):
+        if wperm:
+            nvfp4_ops.to_wperm_(t)
+    nvfp4_ops.warmup([shape.name])
+    rows = []
+    for num_tokens in cfg["tokens"]:
+        ids, weights = make_routing("uniform", num_tokens, e, shape.top_k,
+                                    seed=cfg["seed"] * 100_003 + num_tokens * 2)
+        gen = torch.Generator().manual_seed(cfg["seed"] * 7 + num_tokens)
+        hidden = torch.randn(num_tokens, h, generator=gen).to(torch.bfloat16).to(dev)
+        ids, weights = ids.to(dev), weights.to(dev)
+        row = {"shape": shape.name, "T": num_tokens, "rank": rank, "expert_start": start,
+               "local_experts": local}
+
+        def local_moe(t=mine, hidden=hidden, ids=ids, weights=weights):
+            return nvfp4_ops.moe(hidden, ids, weights, t["w13"], t["w13_scale"],
+                                 t["w13_global"], t["w2"], t["w2_scale"], t["w2_global"],
+                                 expert_start=start, global_num_experts=e,
+                                 swiglu_limit=shape.swiglu_limit, wperm=wperm)
+
+        try:
+            row["local_us"] = time_one_call(local_moe, cfg["reps"], flush, cfg["warm_reps"])
+        except Exception as exc:  # noqa: BLE001
+            row["local_error"] = f"{type(exc).__name__}: {exc}"
+        if full is not None:
+            full_args = full.args()
+
+            def single_gpu(args=full_args, hidden=hidden, ids=ids, weights=weights):
+                return nvfp4_ops.moe(hidden, ids, weights, *args, global_num_experts=e,
+                                     swiglu_limit=shape.swiglu_limit, wperm=wperm)
+
+            try:
+                row["single_gpu_us"] = time_one_call(single_gpu, cfg["reps"], flush,
+                                                     cfg["warm_reps"])
+            except Exception as exc:  # noqa: BLE001
+                row["single_gpu_error"] = f"{type(exc).__name__}: {exc}"
+        row["allreduce_us"], row["allreduce_mode"] = _time_allreduce(
+            torch.randn(num_tokens, h, device=dev).to(torch.bfloat16), cfg["reps"], dist)
+        log(f"rank {rank} {shape.name} T={num_tokens}: local "
+            f"{row.get('local_us', float('nan')):.1f} us"
+            + (f", single GPU {row['single_gpu_us']:.1f} us" if "single_gpu_us" in row else "")
+            + f", all-reduce {row['allreduce_us']:.1f} us ({row['allreduce_mode']})")
+        rows.append(row)
+    del full, mine
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _time_allreduce(buf: torch.Tensor, reps: int, dist) -> tuple[float, str]:
+    """Median µs of an in-place all-reduce of ``buf``, eagerly (a collective captured in a
+    CUDA graph can hang a rank where capture is not supported, and a hang costs the whole
+    call). The ranks are aligned by a barrier before each timed one; a GPU sleep before the
+    start event hides the host's launch of the collective, so the events bracket device time
+    (plus the ranks' residual skew of a few µs)."""
+    dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda._sleep(200_000)  # ~100 µs of GPU time while the host enqueues
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dist.all_reduce(buf)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2], "eager"
+
+
+def _rank_report(world: int, gathered: list[list[dict]], cfg: dict) -> None:
+    by_key: dict[tuple, dict] = {}
+    for rows in gathered:
+        for r in rows:
+            entry = by_key.setdefault((r["shape"], r["T"]), {"shape": r["shape"], "T": r["T"],
+                                                              "ranks": {}})
+            entry["ranks"][r["rank"]] = r
+            if "single_gpu_us" in r:
+                entry["single_gpu_us"] = r["single_gpu_us"]
+    rows = list(by_key.values())
+    lines = [f"{'shape':9s} {'T':>6s} " + " ".join(f"{f'rank{r} us':>9s}" for r in range(world))
+             + f" {'1-GPU us':>9s} {'allred us':>9s} {'EP/1-GPU':>8s}"]
+    for row in rows:
+        local = [row["ranks"].get(r, {}).get("local_us") for r in range(world)]
+        ar = max(row["ranks"].get(r, {}).get("allreduce_us") or 0.0 for r in range(world))
+        slowest = max((x for x in local if x), default=None)
+        single = row.get("single_gpu_us")
+        row["ep_layer_us"] = slowest + ar if slowest else None
+        row["ep_over_single"] = row["ep_layer_us"] / single if slowest and single else None
+        lines.append(f"{row['shape']:9s} {row['T']:6d} " + " ".join(_num(x) for x in local)
+                     + f" {_num(single)} {_num(ar)} {_num(row['ep_over_single'], '8.2f', 8)}")
+    out = Path(cfg["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bench_moe_ranks{world}.json"
+    path.write_text(json.dumps({"benchmark": "bench_moe --ranks", "world": world,
+                                "meta": cfg["meta"], "rows": rows,
+                                "columns": {"ep_layer_us": "slowest rank's local MoE + "
+                                            "the all-reduce", "ep_over_single": "ep_layer_us / "
+                                            "single_gpu_us"}}, indent=1))
+    log("\n" + "\n".join(lines) + f"\nwrote {path}")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench_moe.py", description=__doc__.split("\n")[0],
+        epilog="The module docstring gives the method, the columns and the Humming asymmetry.")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
+    parser.add_argument("--tokens", nargs="+", type=int, default=None,
+                        help=f"token counts (default {' '.join(map(str, TOKENS))}; with --ranks "
+                             f"{' '.join(map(str, RANKS_TOKENS))})")
+    parser.add_argument("--routing", nargs="+", default=list(ROUTINGS), choices=ROUTINGS)
+    parser.add_argument("--skew", type=float, default=1.2,
+                        help="Zipf exponent of the skewed routing's expert popularity")
+    parser.add_argument("--ep", nargs="+", type=int, default=list(EPS),
+                        help="expert-parallel degrees; each times one rank in the middle")
+    parser.add_argument("--format", nargs="+", default=["nvfp4"], choices=FORMATS)
+    parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
+                        help="implementations timed beside ours (none: --peers with no name)")
+    parser.add_argument("--humming-gemm", choices=["auto", "indexed", "grouped"], default="auto",
+                        help="Humming's MoE GEMM (auto: vLLM's choice, indexed without EP, "
+                             "grouped_contiguous with EP)")
+    parser.add_argument("--reps", type=int, default=30, help="timed replays per median")
+    parser.add_argument("--warm-reps", type=int, default=3)
+    parser.add_argument("--chained", type=int, default=0, metavar="N",
+                        help="also time N calls per graph (throughput, labelled chained)")
+    parser.add_argument("--check", action="store_true",
+                        help="ours vs the reference at small T; Humming vs ours in every cell")
+    parser.add_argument("--stages", action="store_true",
+                        help="NVFP4: time routing / gather / GEMM 1 / GEMM 2 / combine of ours "
+                             "separately (diagnostic)")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="N > 1: expert parallelism over N GPUs, one process each")
+    parser.add_argument("--jobs", type=int, default=8,
+                        help="compile our kernel variants in this many processes first (0: no)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-limit", type=float, default=0.0, metavar="S",
+                        help="start no cell after S seconds (0: no limit)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--fake-timings", action="store_true",
+                        help="no GPU: run the reporting path on timings from the estimate model "
+                             "(files marked fake)")
+    args = parser.parse_args(argv)
+    args.tokens_given = args.tokens is not None
+    args.tokens = args.tokens or list(TOKENS)
+    if min(args.tokens) < 1:
+        parser.error("--tokens must be >= 1")
+    if args.reps < 1 or args.warm_reps < 0 or args.chained < 0:
+        parser.error("--reps must be >= 1, --warm-reps and --chained >= 0")
+    for name in args.shapes:
+        for ep in args.ep:
+            try:
+                ep_slice(get_shape(name).experts, ep)
+            except ValueError as exc:
+                parser.error(f"--ep {ep} for {name}: {exc}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=["v4-flash"])
-    parser.add_argument("--tokens", nargs="+", type=int, default=list(DEFAULT_TOKENS))
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--check", action="store_true", help="verify against the reference first")
-    parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
-    parser.add_argument("--weight-order", choices=["auto", "checkpoint", "wperm"],
-                        default="auto", help="the experts' code bit order (auto: wperm where "
-                        "the kernels read it, as the vLLM glue does)")
-    parser.add_argument("--flush", choices=["write", "read"], default="write",
-                        help="how L2 is flushed before each timed replay (module docstring)")
-    parser.add_argument("--sweep", action="store_true",
-                        help="diagnostics only: whole op per block_m and per-stage times")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_moe: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    device = "cuda"
-    if "moe" not in nvfp4_ops.kernels.CUDA_KERNELS:  # this benchmark measures the CUDA path
-        nvfp4_ops.kernels.CUDA_KERNELS["moe"] = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
-    print(f"nvfp4::moe runs: {nvfp4_ops.kernels.describe('moe', device)}", flush=True)
-    if args.sweep:
-        lines = []
-        for name in args.shapes:
-            lines += sweep_and_breakdown(get_shape(name), args.tokens, args.reps, device)
-        if args.out:
-            args.out.write_text(json.dumps(lines, indent=1))
+    args = parse_args(argv)
+    if args.ranks > 1:
+        return run_ranks(args)
+    plan = build_plan(args)
+    log(describe_plan(plan, args))
+    if args.dry_run:
         return 0
-    print(HEADER, flush=True)
-    all_rows, all_checks = [], []
-    for name in args.shapes:
-        rows, checks = bench_shape(get_shape(name), args.tokens, args.reps, args.check,
-                                   not args.no_baseline, device, args.weight_order,
-                                   args.flush)
-        all_rows += rows
-        all_checks += checks
-        torch.cuda.empty_cache()  # this shape's weights are gone; give the next one room
-    gpu = torch.cuda.get_device_name()
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or RESULTS / f"moe_{gpu.replace(' ', '_')}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "gpu": gpu, "versions": versions(), "utc": stamp,
-        "method": "CUDA-graph replay, L2 flushed before each replay, median of reps",
-        "flush": args.flush,
-        "reps": args.reps, "implementation": nvfp4_ops.kernels.describe("moe", device),
-        "weight_order": args.weight_order,
-        "roofline": {"hbm_tbps": HBM_TBPS, "peak_tflops": PEAK_TFLOPS},
-        "checks": all_checks, "rows": [dataclasses.asdict(r) for r in all_rows],
-    }
-    out.write_text(json.dumps(payload, indent=1))
-    print(f"\n{HEADER}")
-    for r in all_rows:
-        print(format_row(r))
-    print(f"wrote {out}")
+    fake = args.fake_timings
+    if not fake and not torch.cuda.is_available():
+        log("bench_moe: no CUDA device; nothing measured (--dry-run prints the plan, "
+            "--fake-timings runs the reporting path)")
+        return 0
+    report = Report(args.out_dir, run_meta(args, fake), plan)
+    t0 = time.monotonic()
+    if fake:
+        run_fake(plan, args, report)
+    else:
+        GPUBench(plan, args, report).run()
+    report.finish()
+    log("\n" + report.tables())
+    for path in report.plots():
+        log(f"wrote {path}")
+    for fmt, shape in report.docs:
+        log(f"wrote {report.path(fmt, shape, '.json')}")
+    log(f"total {time.monotonic() - t0:.0f} s")
+    if report.check_failed:
+        log("bench_moe: a --check FAILED (see the lines marked FAILED)")
+        return 3
     return 0
 
 

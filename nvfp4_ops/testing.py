@@ -221,3 +221,362 @@ def planned_gemm(a: torch.Tensor, tile_expert: torch.Tensor | None, w: torch.Ten
                          tile_rows=tile_rows, row_scale=row_scale, bias=bias,
                          swiglu_limit=swiglu_limit)
     return plan
+
+
+# --- Benchmark and multi-GPU helpers -------------------------------------------------------
+# Fast random experts (random bytes, no quantization), reproducible per expert id so that a
+# rank holding experts [a, b) gets exactly the bytes a single GPU holding all of them has;
+# routing generators (uniform, Zipf-skewed); expert-parallel slices; the MoE's byte / FLOP
+# floor; and the routing layouts the peer MoE kernels read (``benchmarks/bench_moe.py``).
+
+__all__ += [
+    "MXFP4_BYTES_PER_WEIGHT",
+    "NVFP4_BYTES_PER_WEIGHT",
+    "MXFP4Experts",
+    "MoECost",
+    "align_block_routing",
+    "contiguous_routing",
+    "ep_slice",
+    "expert_popularity",
+    "fast_random_experts",
+    "fast_random_mxfp4_experts",
+    "moe_cost",
+    "make_routing",
+    "skewed_routing",
+    "uniform_routing",
+]
+
+#: Bytes per weight of NVFP4 (a 4-bit code + one e4m3 scale per 16) and of MXFP4 (a 4-bit
+#: code + one UE8M0 scale per 32); per-tensor or per-row global scales are negligible.
+NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16
+MXFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 32
+
+# Per-expert generator seeds: seed * _SEED_STRIDE + global expert id.
+_SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class MXFP4Experts:
+    """Routed-expert tensors in the MXFP4 layout of DeepSeek's own checkpoints (vLLM's
+    ``Mxfp4MoEMethod`` parameters): the same packed e2m1 codes as NVFP4 (low nibble = even k)
+    and one UE8M0 scale byte (``2**(byte - 127)``; 0xFF is NaN) per 32 consecutive k, no
+    global scale."""
+
+    w13: torch.Tensor  # uint8 [E, 2I, H/2]
+    w13_scale: torch.Tensor  # uint8 [E, 2I, H/32]
+    w2: torch.Tensor  # uint8 [E, H, I/2]
+    w2_scale: torch.Tensor  # uint8 [E, H, I/32]
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+
+def _expert_generator(device: torch.device | str, seed: int, expert: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed * _SEED_STRIDE + expert)
+
+
+def _random_codes(num_experts: int, hidden: int, inter: int, device, seed: int,
+                  first_expert: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Random code bytes (every byte is two valid e2m1 codes) for experts
+    ``[first_expert, first_expert + num_experts)``; returns the per-expert generators, which
+    the callers go on drawing scales from."""
+    w13 = torch.empty(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8, device=device)
+    w2 = torch.empty(num_experts, hidden, inter // 2, dtype=torch.uint8, device=device)
+    gens = []
+    for i in range(num_experts):
+        gen = _expert_generator(device, seed, first_expert + i)
+        w13[i].random_(0, 256, generator=gen)
+        w2[i].random_(0, 256, generator=gen)
+        gens.append(gen)
+    return w13, w2, gens
+
+
+def fast_random_experts(num_experts: int, hidden: int, inter: int, *,
+                        device: str | torch.device = "cpu", seed: int = 0, first_expert: int = 0,
+                        shared_gate_up_global: bool = False) -> QuantizedExperts:
+    """Random NVFP4 experts without quantizing (for benchmarks and big-shape tests).
+
+    Codes are random bytes, block scales e4m3 of values drawn from [0.25, 1.5], global scales
+    ``(0.5 + u) / (4 sqrt(K))`` with ``u`` uniform in [0, 1): outputs of unit-variance inputs
+    stay O(1). Expert ``e`` (a global id: ``first_expert + i``) is drawn from its own
+    generator seeded by ``(seed, e)``, so any range of experts matches the same experts of
+    the full set, bit for bit, on any device of the same kind.
+
+    Args:
+        num_experts, hidden, inter: ``E``, ``H``, ``I`` (``H`` and ``I`` multiples of 32).
+        seed: the run's seed.
+        first_expert: global id of the first expert generated.
+        shared_gate_up_global: give gate and up the same global scale, as ModelOpt's NVFP4
+            exports of fused gate/up experts do (vLLM keeps one per expert).
+
+    Returns:
+        :class:`QuantizedExperts` on ``device`` (``w13_global [E, 2]``, ``w2_global [E]``).
+
+    Raises:
+        ValueError: ``hidden`` or ``inter`` not a multiple of 32, or ``num_experts < 1``.
+    """
+    if hidden % 32 or inter % 32 or num_experts < 1:
+        raise ValueError(f"fast_random_experts: need E >= 1 and H, I multiples of 32, got "
+                         f"E={num_experts}, H={hidden}, I={inter}")
+    w13, w2, gens = _random_codes(num_experts, hidden, inter, device, seed, first_expert)
+    w13_scale = torch.empty(num_experts, 2 * inter, hidden // 16, dtype=torch.float8_e4m3fn,
+                            device=device)
+    w2_scale = torch.empty(num_experts, hidden, inter // 16, dtype=torch.float8_e4m3fn,
+                           device=device)
+    w13_global = torch.empty(num_experts, 2, dtype=torch.float32, device=device)
+    w2_global = torch.empty(num_experts, dtype=torch.float32, device=device)
+    for i, gen in enumerate(gens):
+        for out in (w13_scale[i], w2_scale[i]):
+            out.copy_(torch.rand(out.shape, device=device, generator=gen) * 1.25 + 0.25)
+        g = torch.rand(3, device=device, generator=gen) + 0.5
+        w13_global[i, 0] = g[0] / (4 * hidden ** 0.5)
+        w13_global[i, 1] = (g[0] if shared_gate_up_global else g[1]) / (4 * hidden ** 0.5)
+        w2_global[i] = g[2] / (4 * inter ** 0.5)
+    return QuantizedExperts(w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+
+
+def fast_random_mxfp4_experts(num_experts: int, hidden: int, inter: int, *,
+                              device: str | torch.device = "cpu", seed: int = 0,
+                              first_expert: int = 0,
+                              scale_bytes: tuple[int, int] = (117, 122)) -> MXFP4Experts:
+    """Random MXFP4 experts: the same code bytes as :func:`fast_random_experts` with the same
+    ``(seed, expert)`` and UE8M0 scale bytes uniform in ``scale_bytes`` (inclusive; the default
+    2**-10 .. 2**-5 is the range of a checkpoint with ~0.02-std weights).
+
+    Raises:
+        ValueError: ``hidden`` or ``inter`` not a multiple of 32, ``num_experts < 1``, or
+            ``scale_bytes`` outside 0..254 (0xFF is UE8M0's NaN) or empty.
+    """
+    lo, hi = scale_bytes
+    if hidden % 32 or inter % 32 or num_experts < 1 or not 0 <= lo <= hi <= 254:
+        raise ValueError(f"fast_random_mxfp4_experts: need E >= 1, H, I multiples of 32 and "
+                         f"0 <= lo <= hi <= 254, got E={num_experts}, H={hidden}, I={inter}, "
+                         f"scale_bytes={scale_bytes}")
+    w13, w2, gens = _random_codes(num_experts, hidden, inter, device, seed, first_expert)
+    w13_scale = torch.empty(num_experts, 2 * inter, hidden // 32, dtype=torch.uint8,
+                            device=device)
+    w2_scale = torch.empty(num_experts, hidden, inter // 32, dtype=torch.uint8, device=device)
+    for i, gen in enumerate(gens):
+        w13_scale[i].random_(lo, hi + 1, generator=gen)
+        w2_scale[i].random_(lo, hi + 1, generator=gen)
+    return MXFP4Experts(w13, w13_scale, w2, w2_scale)
+
+
+def _routing_weights(num_tokens: int, top_k: int, gen: torch.Generator) -> torch.Tensor:
+    weights = torch.rand(num_tokens, top_k, generator=gen) + 0.1
+    return weights / weights.sum(dim=1, keepdim=True)
+
+
+def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, seed: int = 0,
+                    dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random top-k routing without repeats per token, reproducible from ``seed``
+    (drawn on the CPU, so every device gets the same ids): ``(ids [T, k], weights fp32
+    [T, k])``, weights positive and summing to 1 per token.
+
+    Raises:
+        ValueError: ``top_k`` outside ``[1, num_experts]``.
+    """
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"uniform_routing: top_k must be in [1, {num_experts}], got {top_k}")
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(num_tokens, num_experts, generator=gen).topk(top_k, dim=1).indices
+    return ids.to(dtype), _routing_weights(num_tokens, top_k, gen)
+
+
+def expert_popularity(num_experts: int, skew: float, *, seed: int = 0) -> torch.Tensor:
+    """Zipf expert popularity: ``p[perm[r]] = (r + 1) ** -skew / Z`` over a random permutation
+    ``perm`` of the experts (from ``seed``), fp64 ``[E]`` summing to 1; ``skew = 0`` is
+    uniform. ``perm`` is ``p.argsort(descending=True)`` (the most popular expert first).
+
+    Raises:
+        ValueError: ``skew < 0`` or ``num_experts < 1``.
+    """
+    if skew < 0 or num_experts < 1:
+        raise ValueError(f"expert_popularity: need skew >= 0 and E >= 1, got skew={skew}, "
+                         f"E={num_experts}")
+    perm = torch.randperm(num_experts, generator=torch.Generator().manual_seed(seed))
+    probs = torch.empty(num_experts, dtype=torch.float64)
+    probs[perm] = torch.arange(1, num_experts + 1, dtype=torch.float64) ** -skew
+    return probs / probs.sum()
+
+
+def skewed_routing(num_tokens: int, num_experts: int, top_k: int, *, skew: float = 1.2,
+                   seed: int = 0,
+                   dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing under Zipf expert popularity (:func:`expert_popularity` with the same
+    ``seed``): each token draws ``top_k`` distinct experts, one after another, each with
+    probability proportional to its popularity among the experts not yet drawn (sampling
+    without replacement). Drawn on the CPU from ``seed``: ``(ids [T, k], weights fp32 [T, k])``.
+
+    Raises:
+        ValueError: ``top_k`` outside ``[1, num_experts]``, ``skew < 0``.
+    """
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"skewed_routing: top_k must be in [1, {num_experts}], got {top_k}")
+    probs = expert_popularity(num_experts, skew, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    if num_tokens == 0:
+        ids = torch.empty(0, top_k, dtype=torch.int64)
+    else:
+        ids = torch.multinomial(probs.expand(num_tokens, num_experts), top_k,
+                                replacement=False, generator=gen)
+    return ids.to(dtype), _routing_weights(num_tokens, top_k, gen)
+
+
+def make_routing(kind: str, num_tokens: int, num_experts: int, top_k: int, *,
+                 skew: float = 1.2, seed: int = 0,
+                 dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kind`` ``"uniform"`` (:func:`uniform_routing`) or ``"skew"`` (:func:`skewed_routing`).
+
+    Raises:
+        ValueError: unknown ``kind`` (or what the generator raises).
+    """
+    if kind == "uniform":
+        return uniform_routing(num_tokens, num_experts, top_k, seed=seed, dtype=dtype)
+    if kind == "skew":
+        return skewed_routing(num_tokens, num_experts, top_k, skew=skew, seed=seed, dtype=dtype)
+    raise ValueError(f"make_routing: kind must be 'uniform' or 'skew', got {kind!r}")
+
+
+def ep_slice(num_experts: int, ep: int, rank: int | None = None) -> tuple[int, int]:
+    """``(expert_start, local_experts)`` of rank ``rank`` (default ``ep // 2``, a rank in the
+    middle) when ``num_experts`` experts are split into ``ep`` contiguous equal ranges.
+
+    Raises:
+        ValueError: ``ep < 1``, ``num_experts % ep != 0`` or ``rank`` outside ``[0, ep)``.
+    """
+    if ep < 1 or num_experts % ep:
+        raise ValueError(f"ep_slice: {num_experts} experts do not split into ep={ep} equal "
+                         "ranges")
+    rank = ep // 2 if rank is None else rank
+    if not 0 <= rank < ep:
+        raise ValueError(f"ep_slice: rank must be in [0, {ep}), got {rank}")
+    local = num_experts // ep
+    return rank * local, local
+
+
+@dataclass(frozen=True)
+class MoECost:
+    """What one MoE call on one rank must move and compute (:func:`moe_cost`)."""
+
+    local_rows: int  # routed slots (token, expert) whose expert is local
+    touched_experts: int  # distinct local experts with at least one slot
+    bytes: float  # weight bytes of the touched experts
+    flops: float  # 6 * local_rows * H * I (gate/up 4 H I, down 2 H I per row)
+    roofline_us: float  # max(bytes / HBM bandwidth, flops / peak)
+
+
+def moe_cost(topk_ids: torch.Tensor, hidden: int, inter: int, *, expert_start: int = 0,
+             local_experts: int | None = None,
+             bytes_per_weight: float = NVFP4_BYTES_PER_WEIGHT, hbm_tbps: float = 4.1,
+             peak_tflops: float = 790.0) -> MoECost:
+    """The floor of one MoE call: each touched local expert's ``3 H I`` weights read once
+    (``bytes_per_weight`` each) at ``hbm_tbps``, or ``6 H I`` FLOPs per local row at
+    ``peak_tflops``, whichever takes longer. ``local_experts=None``: every id is local.
+
+    Raises:
+        ValueError: ``local_experts < 1``.
+    """
+    ids = topk_ids.reshape(-1).long()
+    if local_experts is None:
+        local = torch.ones_like(ids, dtype=torch.bool)
+    elif local_experts < 1:
+        raise ValueError(f"moe_cost: local_experts must be >= 1, got {local_experts}")
+    else:
+        local = (ids >= expert_start) & (ids < expert_start + local_experts)
+    rows = int(local.sum())
+    touched = int(torch.unique(ids[local]).numel())
+    nbytes = touched * 3 * hidden * inter * bytes_per_weight
+    flops = 6.0 * rows * hidden * inter
+    roof = max(nbytes / (hbm_tbps * 1e12), flops / (peak_tflops * 1e12)) * 1e6
+    return MoECost(rows, touched, nbytes, flops, roof)
+
+
+def _local_keys(topk_ids: torch.Tensor, expert_start: int,
+                local_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per slot (flattened ``[T*k]``): the local expert index, or ``local_experts`` for slots
+    of other ranks' experts; and the stable order that sorts slots by that key."""
+    flat = topk_ids.reshape(-1).long() - expert_start
+    key = torch.where((flat >= 0) & (flat < local_experts), flat, local_experts)
+    return key, torch.argsort(key, stable=True)
+
+
+def align_block_routing(topk_ids: torch.Tensor, block_size: int, *, num_experts: int,
+                        expert_start: int = 0, local_experts: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block-aligned routing of vLLM's ``moe_align_block_size`` (with
+    ``ignore_invalid_experts``), which "indexed" MoE GEMMs read: slots grouped by local
+    expert, each group padded to a multiple of ``block_size``. Computed with plain torch (not
+    for the timed path).
+
+    Args:
+        topk_ids: ``int [T, k]`` global expert ids.
+        block_size: rows per GEMM tile.
+        num_experts: global expert count (sizes the buffers as vLLM does).
+        expert_start, local_experts: this rank's range (default: all experts).
+
+    Returns:
+        ``sorted_ids int32 [P_max]``: slot ids (``t * k + j``) expert by expert, padding
+        entries ``T * k``; ``expert_ids int32 [ceil(P_max / block_size)]``: the local expert of
+        each block, -1 past the last used block; ``num_tokens_padded int32 [1]``: the used
+        length of ``sorted_ids``. ``P_max = T k + E (block_size - 1)``, or ``T k block_size``
+        when smaller (vLLM's bound).
+
+    Raises:
+        ValueError: ``block_size < 1``.
+    """
+    if block_size < 1:
+        raise ValueError(f"align_block_routing: block_size must be >= 1, got {block_size}")
+    local_experts = num_experts if local_experts is None else local_experts
+    device = topk_ids.device
+    numel = topk_ids.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    if numel < num_experts:
+        max_padded = min(numel * block_size, max_padded)
+    key, order = _local_keys(topk_ids, expert_start, local_experts)
+    counts = torch.bincount(key, minlength=local_experts + 1)[:local_experts]
+    padded = (counts + block_size - 1) // block_size * block_size
+    starts = torch.cumsum(padded, 0) - padded
+    count_starts = torch.cumsum(counts, 0) - counts
+    num_valid = int(counts.sum())
+    sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
+    slots = order[:num_valid]
+    expert = key[slots]
+    rank_in_expert = torch.arange(num_valid, device=device) - count_starts[expert]
+    sorted_ids[starts[expert] + rank_in_expert] = slots.to(torch.int32)
+    expert_ids = torch.full((-(-max_padded // block_size),), -1, dtype=torch.int32,
+                            device=device)
+    block_expert = torch.repeat_interleave(torch.arange(local_experts, device=device),
+                                           padded // block_size)
+    expert_ids[:block_expert.numel()] = block_expert.to(torch.int32)
+    num_padded = padded.sum().to(torch.int32).reshape(1)
+    return sorted_ids, expert_ids, num_padded
+
+
+def contiguous_routing(topk_ids: torch.Tensor, *, expert_start: int = 0,
+                       local_experts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert-contiguous layout of vLLM's ``moe_prepare_scatter``, which "grouped
+    contiguous" MoE GEMMs read: local slots sorted by expert (stable). Plain torch.
+
+    Args:
+        topk_ids: ``int [T, k]`` global expert ids.
+        expert_start, local_experts: this rank's range (default: every id present is local,
+            ``local_experts = max id + 1``).
+
+    Returns:
+        ``expert_offsets int64 [E_local + 1]`` (rows ``[offsets[e], offsets[e+1])`` belong to
+        local expert ``e``), and ``inverse int32 [T, k]``: the row of each slot, -1 for other
+        ranks' experts.
+    """
+    if local_experts is None:
+        local_experts = int(topk_ids.max()) + 1 - expert_start if topk_ids.numel() else 1
+    key, order = _local_keys(topk_ids, expert_start, local_experts)
+    counts = torch.bincount(key, minlength=local_experts + 1)[:local_experts]
+    offsets = torch.zeros(local_experts + 1, dtype=torch.int64, device=topk_ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    num_valid = int(counts.sum())
+    inverse = torch.full((topk_ids.numel(),), -1, dtype=torch.int32, device=topk_ids.device)
+    inverse[order[:num_valid]] = torch.arange(num_valid, dtype=torch.int32,
+                                              device=topk_ids.device)
+    return offsets, inverse.reshape(topk_ids.shape)

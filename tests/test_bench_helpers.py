@@ -1,164 +1,326 @@
-"""CPU tests of the benchmark helpers the GPU A/B scripts share (``benchmarks/bench_moe.py``:
-:func:`moe_gemms`): the MoE's GEMM operands built as the op builds them. Without CUDA the
-Triton routing / gather run in Triton's interpreter (``tests/conftest.py``)."""
+"""CPU tests of the benchmark helpers in :mod:`nvfp4_ops.testing` (fast random experts, the
+routing generators, expert-parallel slices, the MoE's byte / FLOP floor, the routing layouts
+the peer MoE kernels read) and of ``benchmarks/bench_moe.py``'s GPU-free paths, run as a
+subprocess (``--help``, ``--dry-run``, no CUDA, ``--fake-timings``; tests never import the
+benchmarks)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from nvfp4_ops import format as fmt
+from nvfp4_ops.testing import (
+    MXFP4_BYTES_PER_WEIGHT,
+    NVFP4_BYTES_PER_WEIGHT,
+    align_block_routing,
+    contiguous_routing,
+    ep_slice,
+    expert_popularity,
+    fast_random_experts,
+    fast_random_mxfp4_experts,
+    make_routing,
+    moe_cost,
+    skewed_routing,
+    uniform_routing,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the CPU path needs Triton's interpreter (no CUDA)")
-@pytest.mark.parametrize("block_m,kperm", [(8, True), (16, True), (16, False)])
-def test_moe_gemms_match_the_op_data_flow(block_m, kperm):
-    import bench_moe
+# --- routing generators ------------------------------------------------------------------
 
-    from nvfp4_ops import get_shape
-    from nvfp4_ops.kernels import linear_cuda
-    from nvfp4_ops.kernels.triton import moe_routing
-    from nvfp4_ops.testing import random_experts
-
-    shape = get_shape("tiny")
-    torch.manual_seed(0)
-    experts = random_experts(shape.experts, shape.hidden, shape.intermediate).args()
-    hidden, ids, weights = bench_moe.moe_inputs(shape, 9, 4, device="cpu")
-    mg = bench_moe.moe_gemms(shape, experts, hidden, ids, weights, block_m, kperm)
-    routing = moe_routing.moe_routing(ids, shape.experts, 0, block_m)
-    a, row_scale = moe_routing.gather_rows(hidden, weights, routing, kperm)
-    assert torch.equal(mg.routing.tile_expert, routing.tile_expert)
-    g1, g2 = mg.gemm1, mg.gemm2
-    # rows of skipped tiles are never written by the gather (nor read by the GEMMs)
-    assert torch.equal(g1.a[mg.real], a[mg.real])
-    assert torch.equal(g2.row_scale[mg.real], row_scale[mg.real])
-    assert (g1.n, g1.k, g1.epilogue) == (2 * shape.intermediate, shape.hidden, "swiglu")
-    assert (g2.n, g2.k, g2.epilogue) == (shape.hidden, shape.intermediate, "row_scale")
-    assert g2.a is g1.out  # GEMM 2 reads GEMM 1's output
-    assert g1.swiglu_limit == shape.swiglu_limit and g2.swiglu_limit is None
-    assert g1.w is experts[0] and g2.w is experts[3]
-    p = a.shape[0]
-    assert g1.out.shape == (p, shape.intermediate) and g2.out.shape == (p, shape.hidden)
-    real_tiles = int((routing.tile_expert >= 0).sum())
-    assert mg.real.shape == (p,) and int(mg.real.sum()) == real_tiles * block_m
-    # every routed slot's row lies in a real tile
-    assert bool(mg.real[routing.slot_row.reshape(-1).long()].all())
-    assert mg.m_tiles == min(p // block_m, linear_cuda._m_tiles_cap(True))
+@pytest.mark.parametrize("generate", [uniform_routing, skewed_routing])
+def test_routing_distinct_in_range_and_reproducible(generate):
+    ids, weights = generate(300, 40, 6, seed=5)
+    assert ids.shape == (300, 6) and ids.dtype == torch.int32
+    assert int(ids.min()) >= 0 and int(ids.max()) < 40
+    assert all(len(set(row.tolist())) == 6 for row in ids), "an expert repeated in a token"
+    assert weights.dtype == torch.float32 and bool((weights > 0).all())
+    torch.testing.assert_close(weights.sum(1), torch.ones(300))
+    again = generate(300, 40, 6, seed=5)
+    assert torch.equal(again[0], ids) and torch.equal(again[1], weights)
+    assert not torch.equal(generate(300, 40, 6, seed=6)[0], ids)
+    assert generate(3, 40, 6, seed=5, dtype=torch.int64)[0].dtype == torch.int64
 
 
-def test_l2_flush_modes():
-    """``bench_moe.l2_flush``: ``write`` fills the buffer, ``read`` leaves it untouched, other
-    modes are refused."""
-    import bench_moe
-
-    buf = torch.zeros(4096, dtype=torch.uint8)
-    bench_moe.l2_flush(buf, "write")()
-    assert int(buf.min()) == 1
-    buf.zero_()
-    bench_moe.l2_flush(buf, "read")()
-    assert int(buf.max()) == 0
-    with pytest.raises(ValueError, match="write or read"):
-        bench_moe.l2_flush(buf, "evict")
-
-
-_SASS = """
-        /*0000*/                   MOV R1, c[0x0][0x28] ;
-.L_x_1:
-        /*0010*/                   LDS.U16 R4, [R2] ;
-        /*0020*/                   F2FP.F16.E4M3.UNPACK_B R4, R4 ;
-        /*0030*/                   HMUL2.BF16_V2 R8, R8, R4.H0_H0 ;
-.L_x_2:
-        /*0040*/                   HMMA.16816.F32.BF16 R12, R8, R6, R12 ;
-        /*0050*/               @P0 BRA `(.L_x_2) ;
-        /*0060*/                   LOP3.LUT R8, R8, 0x80008000, RZ, 0xc0, !PT ;
-        /*0070*/               @P1 BRA `(.L_x_1) ;
-        /*0080*/                   BRA `(.L_x_3) ;
-.L_x_3:
-        /*0090*/                   EXIT ;
-"""
+def test_expert_popularity_is_zipf_over_a_permutation():
+    probs = expert_popularity(50, 1.2, seed=3)
+    assert probs.shape == (50,) and probs.dtype == torch.float64
+    torch.testing.assert_close(probs.sum(), torch.tensor(1.0, dtype=torch.float64))
+    perm = probs.argsort(descending=True)
+    ranked = probs[perm]
+    want = torch.arange(1, 51, dtype=torch.float64) ** -1.2
+    torch.testing.assert_close(ranked, want / want.sum())
+    assert not torch.equal(perm, torch.arange(50)), "the popularity order is not permuted"
+    assert torch.equal(expert_popularity(50, 1.2, seed=3), probs)
+    assert not torch.equal(expert_popularity(50, 1.2, seed=4).argsort(), probs.argsort())
+    torch.testing.assert_close(expert_popularity(8, 0.0), torch.full((8,), 1 / 8,
+                                                                     dtype=torch.float64))
 
 
-def test_dev_sass_finds_mma_loops_innermost_first():
-    import dev_sass
-
-    inner, outer = dev_sass.loops(_SASS)
-    assert (inner["len"], inner["mma"]) == (2, 1)
-    assert (outer["len"], outer["mma"]) == (7, 1)
-    assert outer["classes"] == {"loads": 1, "scale cvt": 1, "hmul2": 1, "mma": 1,
-                                "other": 2, "int decode": 1}
-
-
-def test_dev_sass_counts_a_compiled_kernel(tmp_path):
-    """The streamed M = 1 kernel's k loop: 16 ``mma.sync`` per step of 128 codes per lane, its
-    block scales converted in the loop."""
-    import dev_sass
-
-    from nvfp4_ops.kernels import linear_cuda
-
-    try:
-        dev_sass.tool("ptxas"), dev_sass.tool("nvdisasm")
-    except SystemExit as exc:
-        pytest.skip(str(exc))
-    cfg = linear_cuda.choose_config(7168, 18432, 8, "none", False, False, 1, wperm=True,
-                                    wfrag=True)
-    (loop, *_) = dev_sass.loops(dev_sass.sass_of(cfg, tmp_path / "k"))
-    assert loop["mma"] == 16 and loop["classes"]["hmul2"] >= 64
-    assert loop["classes"]["scale cvt"] > 0 and loop["len"] < 400
+def test_skewed_routing_follows_the_popularity_order():
+    """Counts per expert fall with popularity rank: the most popular expert is picked most,
+    the top quarter of the ranks gets several times the slots of the bottom half."""
+    num_experts, top_k = 64, 6
+    ids, _ = skewed_routing(20000, num_experts, top_k, skew=1.2, seed=11)
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=num_experts).double()
+    order = expert_popularity(num_experts, 1.2, seed=11).argsort(descending=True)
+    by_rank = counts[order]
+    assert int(by_rank.argmax()) == 0
+    assert bool((by_rank[:4].diff() < 0).all()), by_rank[:4]
+    assert by_rank[:16].mean() > 4 * by_rank[32:].mean()
+    # top-k without replacement: the hottest expert appears at most once per token
+    assert by_rank[0] <= 20000
+    uniform_counts = torch.bincount(uniform_routing(20000, num_experts, top_k, seed=11)[0]
+                                    .reshape(-1).long(), minlength=num_experts).double()
+    assert uniform_counts.max() < 1.1 * uniform_counts.mean()
 
 
-def test_dev_ab_tree_compiles_a_baseline_in_its_own_cache(tmp_path, monkeypatch):
-    """The baseline worker imports the package under ``--baseline`` (here this tree's own
-    folder) and leaves its binary in the cache folder of that package's sources."""
-    import _ab
-    import dev_ab_tree
-
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("NVFP4_OPS_CACHE_DIR", str(tmp_path / "cache"))
-    ((name, path),) = dev_ab_tree.baseline_binaries(root, [(7168, 18432, 1)], 1).values()
-    assert name == _ab.linear_config(7168, 18432, 1).name
-    assert Path(path).is_file() and Path(path).is_relative_to(tmp_path / "cache")
-
-
-def test_dev_ab_tree_refuses_a_baseline_it_did_not_import(tmp_path, monkeypatch):
-    import dev_ab_tree
-
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    with pytest.raises(RuntimeError, match="not .*" + tmp_path.name):
-        dev_ab_tree._use_baseline(str(tmp_path))
-    assert dev_ab_tree.main(["--baseline", str(tmp_path)]) == 2
+def test_make_routing_dispatches_and_refuses():
+    assert torch.equal(make_routing("uniform", 7, 16, 6, seed=2)[0],
+                       uniform_routing(7, 16, 6, seed=2)[0])
+    assert torch.equal(make_routing("skew", 7, 16, 6, skew=0.8, seed=2)[0],
+                       skewed_routing(7, 16, 6, skew=0.8, seed=2)[0])
+    assert make_routing("skew", 0, 16, 6)[0].shape == (0, 6)
+    with pytest.raises(ValueError, match="kind"):
+        make_routing("zipf", 7, 16, 6)
+    with pytest.raises(ValueError, match="top_k"):
+        uniform_routing(7, 4, 6)
+    with pytest.raises(ValueError, match="top_k"):
+        skewed_routing(7, 4, 6)
+    with pytest.raises(ValueError, match="skew"):
+        expert_popularity(8, -1.0)
 
 
-def test_dev_sass_moe_cases_are_the_ops_grouped_configs():
-    """Both MoE GEMMs at every tile both cover, configured as ``nvfp4::moe`` launches them."""
-    import dev_sass
+# --- expert-parallel slices and the roofline ----------------------------------------------
 
-    from nvfp4_ops import get_shape
-    from nvfp4_ops.kernels import linear_cuda
-
-    shape = get_shape("v4-flash")
-    cases = dev_sass.moe_cases("v4-flash")
-    assert len(cases) == 2 * len(linear_cuda.BLOCK_MS)
-    for label, cfg in cases:
-        assert cfg.grouped and cfg.pdl and cfg.epilogue == (
-            "swiglu" if "gate/up" in label else "row_scale")
-        assert cfg.kperm == linear_cuda.grouped_kperm(shape.hidden, shape.intermediate,
-                                                      cfg.block_m)
+def test_ep_slice():
+    assert ep_slice(256, 1) == (0, 256)
+    assert ep_slice(256, 8) == (128, 32)  # rank 4 of 8: in the middle
+    assert ep_slice(384, 8) == (192, 48)
+    assert ep_slice(384, 2, rank=1) == (192, 192)
+    for bad in ((256, 3, None), (256, 0, None), (256, 8, 8), (256, 8, -1)):
+        with pytest.raises(ValueError):
+            ep_slice(*bad)
 
 
-def test_ab_linear_config_is_the_ops_choice():
-    """``_ab.linear_config`` (older API, for baseline trees) picks what ``nvfp4::linear``
-    launches (``linear_cuda.linear_config``) at every token tile, prepared or not."""
-    import _ab
+def test_moe_cost_counts_local_rows_and_touched_experts():
+    ids = torch.tensor([[0, 1, 2], [2, 3, 9], [9, 8, 1]])
+    hidden, inter = 128, 64
+    cost = moe_cost(ids, hidden, inter, expert_start=1, local_experts=3)  # experts 1, 2, 3
+    assert (cost.local_rows, cost.touched_experts) == (5, 3)
+    assert cost.bytes == 3 * 3 * hidden * inter * NVFP4_BYTES_PER_WEIGHT
+    assert cost.flops == 6.0 * 5 * hidden * inter
+    assert cost.roofline_us == pytest.approx(cost.bytes / 4.1e12 * 1e6)  # memory bound
+    allx = moe_cost(ids, hidden, inter, bytes_per_weight=MXFP4_BYTES_PER_WEIGHT,
+                    hbm_tbps=1e9, peak_tflops=1.0)  # FLOP bound
+    assert (allx.local_rows, allx.touched_experts) == (9, 6)
+    assert allx.roofline_us == pytest.approx(allx.flops / 1e12 * 1e6)
+    assert NVFP4_BYTES_PER_WEIGHT == 0.5625 and MXFP4_BYTES_PER_WEIGHT == 0.53125
+    none = moe_cost(ids, hidden, inter, expert_start=4, local_experts=4)  # 4..7
+    assert (none.local_rows, none.touched_experts, none.roofline_us) == (0, 0, 0.0)
 
-    from nvfp4_ops.kernels import linear_cuda as L
 
-    for n, k in ((7168, 18432), (18432, 7168), (4096, 4096)):
-        for m in (1, 16, 32, 64, 128, 199, 1024, 8192):
-            for prepared in (False, True):
-                want = L.linear_config(n, k, m, wfrag=prepared)
-                assert _ab.linear_config(n, k, m, prepared) == want, (n, k, m, prepared)
+# --- the routing layouts of vLLM's Humming paths ------------------------------------------
+
+def _align_by_loops(ids, block, num_experts, start, local):
+    """vLLM's ``moe_align_block_size`` (ignore_invalid_experts) written as plain loops."""
+    flat = ids.reshape(-1).tolist()
+    numel = len(flat)
+    sorted_ids, expert_ids = [], []
+    for e in range(local):
+        slots = [s for s, x in enumerate(flat) if x - start == e]
+        if not slots:
+            continue
+        padded = -(-len(slots) // block) * block
+        sorted_ids += slots + [numel] * (padded - len(slots))
+        expert_ids += [e] * (padded // block)
+    return sorted_ids, expert_ids
+
+
+@pytest.mark.parametrize("num_tokens,block,start,local", [
+    (1, 8, 0, 16), (9, 4, 0, 16), (40, 16, 4, 8), (3, 8, 12, 4), (64, 1, 0, 16)])
+def test_align_block_routing_matches_vllm_semantics(num_tokens, block, start, local):
+    num_experts = 16
+    ids, _ = skewed_routing(num_tokens, num_experts, 6, seed=num_tokens)
+    sorted_ids, expert_ids, num_padded = align_block_routing(
+        ids, block, num_experts=num_experts, expert_start=start, local_experts=local)
+    want_sorted, want_experts = _align_by_loops(ids, block, num_experts, start, local)
+    n = int(num_padded)
+    numel = ids.numel()
+    assert num_padded.dtype == sorted_ids.dtype == expert_ids.dtype == torch.int32
+    assert n == len(want_sorted) and n % block == 0
+    assert sorted_ids[:n].tolist() == want_sorted  # slot order within an expert: ascending
+    assert bool((sorted_ids[n:] == numel).all()), "padding past the used length"
+    max_padded = numel + num_experts * (block - 1)
+    if numel < num_experts:
+        max_padded = min(numel * block, max_padded)
+    assert sorted_ids.numel() == max_padded  # vLLM's buffer size
+    assert expert_ids.numel() == -(-max_padded // block)
+    assert expert_ids[:n // block].tolist() == want_experts
+    assert bool((expert_ids[n // block:] == -1).all())
+
+
+def test_contiguous_routing_offsets_and_inverse():
+    ids, _ = uniform_routing(50, 16, 6, seed=3)
+    start, local = 4, 8
+    offsets, inverse = contiguous_routing(ids, expert_start=start, local_experts=local)
+    assert offsets.dtype == torch.int64 and offsets.shape == (local + 1,)
+    assert inverse.dtype == torch.int32 and inverse.shape == ids.shape
+    is_local = (ids >= start) & (ids < start + local)
+    assert int(offsets[0]) == 0 and int(offsets[-1]) == int(is_local.sum())
+    assert bool((inverse[~is_local] == -1).all())
+    rows = inverse[is_local]
+    assert sorted(rows.tolist()) == list(range(int(offsets[-1]))), "rows not a permutation"
+    for (t, j) in is_local.nonzero().tolist():
+        e = int(ids[t, j]) - start
+        assert int(offsets[e]) <= int(inverse[t, j]) < int(offsets[e + 1])
+    # stable: within an expert, rows follow the slot order
+    flat = inverse.reshape(-1)
+    for e in range(local):
+        mine = [int(flat[s]) for s in range(flat.numel())
+                if int(ids.reshape(-1)[s]) - start == e]
+        assert mine == sorted(mine)
+    off_all, inv_all = contiguous_routing(ids)
+    assert int(off_all[-1]) == ids.numel() and bool((inv_all >= 0).all())
+
+
+# --- fast random experts ------------------------------------------------------------------
+
+def test_fast_random_experts_layout_and_ranges():
+    e, h, i = 5, 64, 96
+    q = fast_random_experts(e, h, i, seed=1)
+    assert (q.w13.shape, q.w13.dtype) == ((e, 2 * i, h // 2), torch.uint8)
+    assert (q.w13_scale.shape, q.w13_scale.dtype) == ((e, 2 * i, h // 16), torch.float8_e4m3fn)
+    assert (q.w2.shape, q.w2_scale.shape) == ((e, h, i // 2), (e, h, i // 16))
+    assert q.w13_global.shape == (e, 2) and q.w2_global.shape == (e,)
+    for s in (q.w13_scale.float(), q.w2_scale.float()):
+        assert float(s.min()) >= 0.25 and float(s.max()) <= 1.5
+    assert float(q.w13_global.min()) >= 0.5 / (4 * h ** 0.5)
+    assert float(q.w2_global.max()) < 1.5 / (4 * i ** 0.5)
+    assert not torch.equal(q.w13_global[:, 0], q.w13_global[:, 1])
+    shared = fast_random_experts(e, h, i, seed=1, shared_gate_up_global=True)
+    assert torch.equal(shared.w13_global[:, 0], shared.w13_global[:, 1])
+    assert torch.equal(shared.w13, q.w13) and torch.equal(shared.w2_global, q.w2_global)
+    assert len(torch.unique(q.w13)) > 200, "codes are not random bytes"
+    assert torch.isfinite(fmt.dequantize(q.w13[0], q.w13_scale[0], q.w13_global[0, 0])).all()
+    with pytest.raises(ValueError, match="multiples of 32"):
+        fast_random_experts(2, 48, 64)
+
+
+def test_fast_random_experts_are_the_same_bytes_in_any_range():
+    """A rank generating experts [3, 7) gets exactly those experts of the full set."""
+    full = fast_random_experts(8, 64, 32, seed=7)
+    part = fast_random_experts(4, 64, 32, seed=7, first_expert=3)
+    for name in ("w13", "w13_scale", "w13_global", "w2", "w2_scale", "w2_global"):
+        a, b = getattr(full, name)[3:7], getattr(part, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    other = fast_random_experts(8, 64, 32, seed=8)
+    assert not torch.equal(other.w13, full.w13)
+
+
+def test_fast_random_mxfp4_experts():
+    e, h, i = 4, 64, 96
+    m = fast_random_mxfp4_experts(e, h, i, seed=2, first_expert=1)
+    assert (m.w13_scale.shape, m.w13_scale.dtype) == ((e, 2 * i, h // 32), torch.uint8)
+    assert m.w2_scale.shape == (e, h, i // 32)
+    for s in (m.w13_scale, m.w2_scale):
+        assert int(s.min()) == 117 and int(s.max()) == 122
+    nv = fast_random_experts(e, h, i, seed=2, first_expert=1)
+    assert torch.equal(m.w13, nv.w13) and torch.equal(m.w2, nv.w2), "codes differ from NVFP4"
+    narrow = fast_random_mxfp4_experts(1, h, i, scale_bytes=(127, 127))
+    assert bool((narrow.w2_scale == 127).all())
+    with pytest.raises(ValueError, match="254"):
+        fast_random_mxfp4_experts(1, h, i, scale_bytes=(120, 255))
+
+
+# --- benchmarks/bench_moe.py without a GPU ---------------------------------------------------
+
+def _bench(*args: str, tmp_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                   "")]))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the no-GPU paths, also on a GPU machine
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_moe.py"), *args],
+                          capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path or ROOT)
+
+
+def test_bench_moe_help_and_plan():
+    out = _bench("--help")
+    assert out.returncode == 0, out.stderr
+    for flag in ("--shapes", "--tokens", "--routing", "--ep", "--format", "--peers", "--reps",
+                 "--check", "--ranks", "--dry-run", "--time-limit", "--chained", "--stages"):
+        assert flag in out.stdout, flag
+    out = _bench("--dry-run", "--shapes", "v4-pro", "--format", "nvfp4", "mxfp4",
+                 "--ep", "8", "--routing", "skew", "--tokens", "1", "128")
+    assert out.returncode == 0, out.stderr
+    assert "1 shape(s) x 2 format(s) x 1 EP x 1 routing(s) x 2 T = 4 cells" in out.stdout
+    assert "estimated time" in out.stdout
+    bad = _bench("--dry-run", "--ep", "3")
+    assert bad.returncode == 2 and "--ep 3" in bad.stderr
+
+
+def test_bench_moe_without_cuda_measures_nothing():
+    out = _bench("--shapes", "v4-flash", "--tokens", "8")
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device; nothing measured" in out.stdout
+    ranks = _bench("--ranks", "2", "--shapes", "v4-flash")
+    assert ranks.returncode == 0, ranks.stderr
+    assert "needs 2 CUDA devices, found 0" in ranks.stdout
+
+
+def test_bench_moe_fake_timings_write_every_row(tmp_path):
+    """The reporting path on fake timings: one JSON per format and shape with every planned
+    cell, real routing counts, derived ratios, the metadata; a table per shape / format /
+    routing / EP; every file marked fake."""
+    out = _bench("--fake-timings", "--shapes", "v4-flash", "--format", "nvfp4", "mxfp4",
+                 "--tokens", "1", "512", "--chained", "2", "--out-dir", str(tmp_path),
+                 tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for f in ("nvfp4", "mxfp4"):
+        doc = json.loads((tmp_path / f"bench_moe_{f}_v4-flash.json").read_text())
+        assert doc["format"] == f and doc["shape"]["name"] == "v4-flash"
+        meta = doc["meta"]
+        assert meta["fake"] is True and "FAKE" in meta["gpu"]
+        assert "--fake-timings" in meta["command"] and meta["versions"]["torch"]
+        assert "commit" in meta and "source_fingerprint" in meta
+        rows = doc["rows"]
+        assert [(r["ep"], r["routing"], r["T"]) for r in rows] == [
+            (ep, routing, t) for ep in (1, 8) for routing in ("skew", "uniform")
+            for t in (1, 512)]
+        for r in rows:
+            assert r["local_experts"] == 256 // r["ep"]
+            assert r["local_rows"] <= r["T"] * 6 and r["touched_experts"] <= r["local_experts"]
+            assert r["speedup_vs_humming"] == pytest.approx(r["humming_us"] / r["ours_us"])
+            assert r["speedup_vs_bf16"] == pytest.approx(r["bf16_us"] / r["ours_us"])
+            assert r["ours_chained_us"] > 0
+            assert r["humming_gemm"] == ("indexed" if r["ep"] == 1 else "grouped_contiguous")
+            if r["local_rows"]:
+                assert r["ours_pct_roofline"] == pytest.approx(
+                    100 * r["roofline_us"] / r["ours_us"])
+            if f == "mxfp4":
+                assert r["speedup_vs_ours_nvfp4"] == pytest.approx(
+                    r["ours_nvfp4_us"] / r["ours_us"])
+    ep1 = [r for r in json.loads((tmp_path / "bench_moe_nvfp4_v4-flash.json").read_text())[
+        "rows"] if r["ep"] == 1 and r["T"] == 512 and r["routing"] == "uniform"][0]
+    assert ep1["local_rows"] == 512 * 6 and ep1["touched_experts"] > 200
+    assert out.stdout.count("[FAKE timings]") == 8  # 2 formats x 2 EP x 2 routings
+    assert "== v4-flash | MXFP4 | uniform | EP 8: 32 local experts from 128 ==" in out.stdout
+    assert ("wrote" in out.stdout and "png" in out.stdout) or "plots skipped" in out.stdout
+
+
+def test_bench_moe_time_limit_lists_what_did_not_run(tmp_path):
+    out = _bench("--fake-timings", "--shapes", "v4-flash", "--ep", "1", "--routing", "uniform",
+                 "--tokens", "1", "8", "--time-limit", "1e-9", "--out-dir", str(tmp_path),
+                 tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "bench_moe_nvfp4_v4-flash.json").read_text())
+    assert doc["rows"] == []
+    assert len(doc["notes"]) == 2 and all("not run (--time-limit" in n for n in doc["notes"])
