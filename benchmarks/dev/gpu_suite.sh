@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU suite and the benchmarks, split into parts that each fit one 10-minute device call.
+#
+# On the GPU machine, from the project root:
+#   source .device/prelude.sh && bash benchmarks/dev/gpu_suite.sh PART [PART ...]
+# Parts (in the order they are usually run; each appends its logs to $OUT):
+#   setup     precompile every variant of the three shapes in parallel workers (a warm disk
+#             cache makes the later parts load instead of compile); installs .whl/*.whl
+#             (humming-kernels for bench_moe) into /tmp/site when present
+#   moe       the MoE-side GPU tests: moe, MXFP4, routing, load-time preparation, warm-up,
+#             validation, compile / AOT graphs
+#   dense     the dense GPU tests: linear, wfrag, stream-K
+#   overhead  bench_overhead.py eager startup (JSON in $OUT)
+#   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
+#   pro       the same for v4-pro
+# Every pytest and benchmark runs under `timeout -s KILL` (a hung kernel must not eat the
+# call); the last lines of each go to stdout, the whole log to $OUT. NVFP4_OPS_COMMIT names
+# the tree in the benchmark JSON (the machine's copy has no .git).
+set -uo pipefail
+out="${OUT:-/tmp/gpu_suite}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/humming ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+elif [ -d /tmp/site/humming ]; then
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+tests() {  # tests NAME SECONDS FILE...
+  local name=$1 limit=$2
+  shift 2
+  echo "== pytest $name ($*)"
+  timeout -s KILL "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$@" \
+    >"$out/pytest_$name.log" 2>&1
+  echo "rc=$? $(tail -1 "$out/pytest_$name.log")"
+  grep -E "^(FAILED|ERROR)" "$out/pytest_$name.log" | head -20
+}
+
+jobs=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+for part in "$@"; do
+  start=$(date +%s)
+  case "$part" in
+    setup)
+      timeout -s KILL 400 python3 -m nvfp4_ops precompile --shape v4-flash --shape v4-pro \
+        --shape tiny --jobs "$jobs" >"$out/precompile.log" 2>&1
+      echo "== setup rc=$? $(tail -1 "$out/precompile.log")" ;;
+    moe)
+      tests moe 420 tests/test_moe_gpu.py tests/test_moe_routing.py tests/test_prepare.py \
+        tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py
+      tests mxfp4 240 tests/test_mxfp4_gpu.py ;;
+    dense)
+      tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
+    overhead)
+      timeout -s KILL 420 python3 benchmarks/bench_overhead.py eager startup --jobs "$jobs" \
+        --out "$out/overhead_h200.json" >"$out/bench_overhead.log" 2>&1
+      echo "== overhead rc=$?"; tail -12 "$out/bench_overhead.log" ;;
+    flash|pro)
+      shape=$([ "$part" = flash ] && echo v4-flash || echo v4-pro)
+      timeout -s KILL 540 python3 benchmarks/bench_moe.py --shapes "$shape" --format nvfp4 mxfp4 \
+        --check --time-limit 480 --out-dir "$out" >"$out/bench_moe_$shape.log" 2>&1
+      echo "== bench_moe $shape rc=$?"; tail -45 "$out/bench_moe_$shape.log" ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+  echo "== $part took $(( $(date +%s) - start )) s"
+done
