@@ -4,8 +4,8 @@ on the converted weights (one global scale per row) matches an independent refer
 from the MXFP4 tensors: V4-Flash and V4-Pro H/I with few experts, several T, EP with
 ``expert_start > 0``, the ``wperm`` order, CUDA-graph replay with new routing, torch.compile.
 
-Every MoE test runs the real CUDA path: the module fixture makes ``CUDA_KERNELS["moe"]`` point
-at ``moe_cuda`` and checks that the op dispatches to it (as tests/test_moe_gpu.py does).
+Every MoE test runs the real CUDA path: the module fixture checks that the op dispatches to
+``moe_cuda`` (as tests/test_moe_gpu.py does).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from nvfp4_ops.testing import random_routing, rel_l2
 
 pytestmark = pytest.mark.gpu
 
-MOE_KERNEL = "nvfp4_ops.kernels.moe_cuda:moe_cuda"
 FLASH = nvfp4_ops.get_shape("v4-flash")
 PRO = nvfp4_ops.get_shape("v4-pro")
 NUM_EXPERTS = 8  # few experts, the real H and I
@@ -35,16 +34,9 @@ REL_L2 = 4e-3
 def cuda_moe_kernel():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    saved = kernels.CUDA_KERNELS.get("moe")
-    kernels.CUDA_KERNELS["moe"] = MOE_KERNEL
     from nvfp4_ops.kernels import moe_cuda
 
     assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda
-    yield
-    if saved is None:
-        kernels.CUDA_KERNELS.pop("moe")
-    else:
-        kernels.CUDA_KERNELS["moe"] = saved
 
 
 @dataclass
@@ -218,10 +210,8 @@ def test_moe_on_converted_weights_matches_reference(flash, pro, shape_name, num_
 def test_wperm_codes_give_bitwise_the_same_result(flash, pro, shape_name, num_tokens):
     """The glue's CUDA preparation: codes permuted in place after the conversion
     (``to_wperm_``), op called with ``wperm=True``: bitwise the checkpoint-order result."""
-    from nvfp4_ops.kernels import moe_cuda
-
     shape, mx = _shape_and_experts(shape_name, flash, pro)
-    assert moe_cuda.wperm_supported(shape.hidden, shape.intermediate)
+    assert nvfp4_ops.prepare.moe_wperm_supported(shape.hidden, shape.intermediate)
     w13, w2 = mx.w13.clone(), mx.w2.clone()
     nvfp4_ops.to_wperm_(w13)
     nvfp4_ops.to_wperm_(w2)

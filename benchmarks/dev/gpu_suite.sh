@@ -13,7 +13,8 @@
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
-# Every pytest and benchmark runs under `timeout -s KILL` (a hung kernel must not eat the
+# Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
+# `timeout -s KILL` (a hung kernel must not eat the
 # call); the last lines of each go to stdout, the whole log to $OUT. NVFP4_OPS_COMMIT names
 # the tree in the benchmark JSON (the machine's copy has no .git).
 set -uo pipefail
@@ -32,8 +33,9 @@ tests() {  # tests NAME SECONDS FILE...
   local name=$1 limit=$2
   shift 2
   echo "== pytest $name ($*)"
-  timeout -s KILL "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$@" \
-    >"$out/pytest_$name.log" 2>&1
+  # XDIST workers share the one GPU: the tests are mostly host-bound (references, captures)
+  timeout -s KILL "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+    -n "${XDIST:-4}" "$@" >"$out/pytest_$name.log" 2>&1
   echo "rc=$? $(tail -1 "$out/pytest_$name.log")"
   grep -E "^(FAILED|ERROR)" "$out/pytest_$name.log" | head -20
 }
