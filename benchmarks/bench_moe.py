@@ -812,7 +812,11 @@ class HummingMoE:
             full = hm["get_heuristics_config"](layer_config=cfg, use_f16_accum=False,
                                                use_batch_invariant=False,
                                                gemm_type=hm["GemmType"](gemm_type))
-            picked = [entry for entry in full if any(entry[0] < m <= entry[1] for m in valid_ms)]
+            # vLLM picks its block size with lo < m <= hi; Humming's launcher looked the same
+            # m up with the other boundary convention and refused a list holding only those
+            # entries ("shape_m is not within any range"), so keep both entries at a boundary
+            picked = [entry for entry in full
+                      if any(entry[0] <= m <= entry[1] for m in valid_ms)]
             self.tuning[name] = (json.dumps(picked), picked, len(full))
         # the bench stops calling it after two failures before any success
         self.succeeded, self.failures, self.disabled = False, 0, None
@@ -1086,19 +1090,31 @@ class GPUBench:
         humming = {}
         if self.humming:  # from the checkpoint-order codes, before ours permutes them
             for ep, (start, local) in slices.items():
-                t1 = time.monotonic()
                 gemm = humming_gemm_type(self.args.humming_gemm, ep)
-                try:
-                    humming[ep] = HummingMoE(
-                        shape, fmt, views[ep], expert_start=start, local_experts=local,
-                        gemm_type=gemm, token_counts=[c.tokens for c in cells if c.ep == ep],
-                        device=self.device)
-                    torch.cuda.synchronize()
-                    log(f"{shape.name} {fmt} EP {ep}: Humming weights ({gemm}) in "
-                        f"{time.monotonic() - t1:.1f} s; {humming[ep].describe()}")
-                except Exception as exc:  # noqa: BLE001
-                    self.report.note(fmt, shape.name, f"{shape.name} {fmt} EP {ep}: Humming "
-                                     f"skipped: {type(exc).__name__}: {exc}")
+                # auto without EP: vLLM's indexed path, with its grouped path built beside it
+                # as the fallback should indexed fail in this harness (noted in the table)
+                kinds = [gemm] + (["grouped_contiguous"]
+                                  if self.args.humming_gemm == "auto" and gemm == "indexed"
+                                  else [])
+                built = []
+                for kind in kinds:
+                    t1 = time.monotonic()
+                    try:
+                        built.append(HummingMoE(
+                            shape, fmt, views[ep], expert_start=start, local_experts=local,
+                            gemm_type=kind,
+                            token_counts=[c.tokens for c in cells if c.ep == ep],
+                            device=self.device))
+                        torch.cuda.synchronize()
+                        log(f"{shape.name} {fmt} EP {ep}: Humming weights ({kind}) in "
+                            f"{time.monotonic() - t1:.1f} s; {built[-1].describe()}")
+                    except Exception as exc:  # noqa: BLE001
+                        self.report.note(fmt, shape.name, f"{shape.name} {fmt} EP {ep}: "
+                                         f"Humming ({kind}) skipped: {type(exc).__name__}: "
+                                         f"{exc}")
+                if built:
+                    humming[ep] = built[0]
+                    humming[ep].fallback = built[1] if len(built) > 1 else None
         ours, reason = self.prepare_ours(shape, fmt, bases, views, slices)
         if reason:
             self.report.note(fmt, shape.name, f"{shape.name} {fmt}: ours skipped: {reason}")
@@ -1108,7 +1124,14 @@ class GPUBench:
         for cell in cells:
             if self.out_of_time(cell):
                 continue
-            self.run_cell(shape, cell, ours.get(cell.ep), humming.get(cell.ep))
+            h = humming.get(cell.ep)
+            self.run_cell(shape, cell, ours.get(cell.ep), h)
+            if h is not None and h.disabled and getattr(h, "fallback", None) is not None:
+                self.report.note(fmt, shape.name, f"{shape.name} {fmt} EP {cell.ep}: Humming's "
+                                 f"{h.gemm_type} path failed ({h.disabled}); its "
+                                 f"{h.fallback.gemm_type} path is timed instead")
+                humming[cell.ep] = h.fallback
+                self.run_cell(shape, cell, ours.get(cell.ep), h.fallback)  # this cell again
         del ours, humming, views
 
     def prepare_ours(self, shape: MoEShape, fmt: str, bases: list, views: dict, slices: dict
@@ -1215,7 +1238,8 @@ class GPUBench:
             if us is None:
                 errors["humming"] = h_out
                 humming.failures += 1
-                if not humming.succeeded and humming.failures >= 2:
+                limit = 1 if getattr(humming, "fallback", None) is not None else 2
+                if not humming.succeeded and humming.failures >= limit:
                     humming.disabled = h_out  # it never ran: stop paying for its attempts
                     self.report.note(cell.fmt, cell.shape, f"{cell.shape} {cell.fmt} EP "
                                      f"{cell.ep}: Humming failed on its first two cells, "

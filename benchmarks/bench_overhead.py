@@ -97,7 +97,24 @@ def _cases():
     }
 
 
-def run_eager(reps: int, profile: bool) -> list[dict]:
+def _cprofile(name: str, fn, calls: int = 300) -> None:
+    """The Python functions an eager call spends its host time in (cProfile, by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(28)
+    print(f"--- {name}: cProfile over {calls} eager calls (own time)\n{buf.getvalue()}")
+
+
+def run_eager(reps: int, profile: bool, cprofile: bool = False) -> list[dict]:
     from nvfp4_ops import set_value_checks
 
     rows = []
@@ -118,6 +135,8 @@ def run_eager(reps: int, profile: bool) -> list[dict]:
             finally:
                 set_value_checks(None)  # back to NVFP4_OPS_VALUE_CHECKS (default off)
         rows.append(row)
+        if cprofile:
+            _cprofile(name, fn)
         if profile:
             from torch.profiler import ProfilerActivity
             from torch.profiler import profile as prof
@@ -195,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("modes", nargs="+", choices=("eager", "startup"))
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--profile", action="store_true", help="a torch-profiler table per case")
+    p.add_argument("--cprofile", action="store_true",
+                   help="the Python functions of an eager call, by own time (cProfile)")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="compile workers of the cold precompile (startup)")
     p.add_argument("--out", type=Path, help="write the results to this JSON file")
@@ -215,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if "startup" in args.modes:  # first: a fresh process each, before this one warms anything
         result["startup"] = run_startup(args.jobs)
     if "eager" in args.modes:
-        result["eager"] = run_eager(args.reps, args.profile)
+        result["eager"] = run_eager(args.reps, args.profile, args.cprofile)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

@@ -6,6 +6,7 @@ kernels: the tiny shape's sizes are multiples of 128)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -82,9 +83,11 @@ def _run_fresh(load: str, check: str, tmp_path: Path) -> str:
     path = tmp_path / "load.py"
     path.write_text(textwrap.dedent(load) + textwrap.dedent(check))
     root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    # this checkout first, then whatever the caller's path holds (cutlass-dsl may live there)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                         cwd=tmp_path, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -130,11 +133,14 @@ def test_export_save_load_in_fresh_process(request, device, tmp_path):
 @pytest.mark.parametrize("device", DEVICES)
 def test_aot_compile_save_load_in_fresh_process(request, device, tmp_path):
     block = _block(request, device)
-    if not hasattr(torch.compiler, "load_compiled_function"):
-        pytest.skip(f"torch {torch.__version__} has no torch.compiler.load_compiled_function")
 
     def forward(module, x):
         return module(x)
+
+    if not (hasattr(torch.compiler, "load_compiled_function")
+            and hasattr(torch.compile(forward), "aot_compile")):
+        pytest.skip(f"torch {torch.__version__} has no torch.compile(...).aot_compile / "
+                    "torch.compiler.load_compiled_function (vLLM's pin, torch 2.14, has both)")
 
     # Under dynamic=True dynamo would turn the block's Python floats (swiglu limit, routed
     # scale) into symbolic floats and restart analysis, which aot_compile cannot do.

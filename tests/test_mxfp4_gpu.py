@@ -249,9 +249,8 @@ def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
     """Captured once on the converted weights (the wperm order, as the glue prepares them on
     CUDA), replayed with new hidden states and new routing copied into the static buffers:
     each replay equals the eager op and the reference, and changes from the previous one."""
-    from nvfp4_ops.kernels import moe_cuda
-
-    moe_cuda.warmup_triton(FLASH.hidden, FLASH.top_k)
+    nvfp4_ops.warmup(layers=[nvfp4_ops.MoELayer(NUM_EXPERTS, FLASH.hidden, FLASH.intermediate,
+                                                FLASH.top_k, wperm=True)])
     w13, w2 = flash.w13.clone(), flash.w2.clone()
     nvfp4_ops.to_wperm_(w13)
     nvfp4_ops.to_wperm_(w2)

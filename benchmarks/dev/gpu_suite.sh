@@ -52,6 +52,13 @@ for part in "$@"; do
       tests moe 420 tests/test_moe_gpu.py tests/test_moe_routing.py tests/test_prepare.py \
         tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py
       tests mxfp4 240 tests/test_mxfp4_gpu.py ;;
+    rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
+      # shellcheck disable=SC2086
+      tests rerun 300 $RERUN ;;
+    profile)  # where an eager call spends its host time
+      timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager --cprofile --reps 100 \
+        >"$out/profile_eager.log" 2>&1
+      echo "== profile rc=$?"; grep -A 34 "cProfile over" "$out/profile_eager.log" | cut -c1-150 ;;
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     overhead)
