@@ -39,7 +39,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 
-import nvfp4_ops  # noqa: F401  (registers torch.ops.nvfp4.*)
+import nvfp4_ops  # registers torch.ops.nvfp4.*
 from nvfp4_ops import _env
 from nvfp4_ops.prepare import prepare_linear
 
@@ -114,7 +114,7 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
         x2 = x.reshape(-1, x.shape[-1])
         if x2.dtype != torch.bfloat16:
             x2 = x2.to(torch.bfloat16)
-        out = torch.ops.nvfp4.linear(x2, layer.weight, layer.weight_scale, layer.weight_global,
-                                     None if bias is None else bias.to(torch.bfloat16),
-                                     getattr(layer, "nvfp4_wfrag", False))
+        out = nvfp4_ops.linear(x2, layer.weight, layer.weight_scale, layer.weight_global,
+                               None if bias is None else bias.to(torch.bfloat16),
+                               wfrag=getattr(layer, "nvfp4_wfrag", False))
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)

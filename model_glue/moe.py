@@ -75,6 +75,7 @@ from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 
+import nvfp4_ops  # registers torch.ops.nvfp4.*
 from nvfp4_ops import _env
 from nvfp4_ops.format import UE8M0_NAN
 from nvfp4_ops.prepare import prepare_moe, prepare_mxfp4_moe
@@ -183,22 +184,14 @@ class _OpsFusedMoE:
         if self.global_to_local is not None:
             ids, start, num_global = self.global_to_local[topk_ids.long()], 0, -1
         w13_global, w2_global = self._global_scales(layer)
-        return torch.ops.nvfp4.moe(
-            x,
-            ids,
-            topk_weights.float(),
-            layer.w13_weight,
-            layer.w13_weight_scale,
-            w13_global,
-            layer.w2_weight,
-            layer.w2_weight_scale,
-            w2_global,
-            start,
-            num_global,
-            None if layer.swiglu_limit is None else float(layer.swiglu_limit),
-            1.0,
-            self.wperm,
-        )
+        # the public wrapper: torch.ops.nvfp4.moe under torch.compile / export, the same CUDA
+        # implementation without the dispatcher's Python layers in a plain eager call
+        return nvfp4_ops.moe(
+            x, ids, topk_weights.float(), layer.w13_weight, layer.w13_weight_scale, w13_global,
+            layer.w2_weight, layer.w2_weight_scale, w2_global, expert_start=start,
+            global_num_experts=num_global,
+            swiglu_limit=None if layer.swiglu_limit is None else float(layer.swiglu_limit),
+            output_scale=1.0, wperm=self.wperm)
 
     def apply_monolithic(self, layer, x, router_logits, input_ids=None):
         raise NotImplementedError("nvfp4_ops MoE is not monolithic")

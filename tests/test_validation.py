@@ -369,3 +369,62 @@ def test_gpu_capability_of_this_machine_is_supported():
     """The GPU suite runs on Hopper: the check passes there and is then a dict hit."""
     _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
     assert _device._supported.get(torch.cuda.current_device())
+
+
+# ---------------------------------------------------------------------------- eager fast path
+
+
+def test_direct_eager_path_only_for_plain_eager_cuda_calls(monkeypatch):
+    """The public wrappers call the CUDA implementation directly only in a plain eager call:
+    CPU tensors, a torch.compile trace, a dispatch mode (fake tensors) or autograd all take
+    the dispatcher (``nvfp4_ops.ops._eager.direct``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvfp4_ops.ops import _eager
+
+    x = torch.zeros(2, 4)
+    assert not _eager.direct(x)  # CPU
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert _eager.direct(x, None)
+    assert not _eager.direct(x.requires_grad_())
+    with torch.no_grad():
+        assert _eager.direct(x)
+    x = x.detach()
+    with FakeTensorMode() as mode:
+        assert not _eager.direct(mode.from_tensor(x))
+    seen = []
+
+    def traced(t):
+        seen.append(_eager.direct(t))
+        return t + 1
+
+    torch.compile(traced, backend="eager", fullgraph=True)(x)
+    assert seen == [False]
+
+
+def test_wrappers_take_the_direct_path_in_eager(monkeypatch, experts):
+    """With the predicate true, ``nvfp4_ops.linear`` / ``mlp`` / ``moe`` run their CUDA
+    registrations directly (recorded here), and through torch.ops otherwise."""
+    import sys
+
+    from nvfp4_ops.ops import _eager
+
+    # the modules (the package's attributes of these names are the wrappers)
+    lin, mlp_mod, moe_mod = (sys.modules[f"nvfp4_ops.ops.{m}"] for m in ("linear", "mlp", "moe"))
+
+    calls = []
+    monkeypatch.setattr(_eager, "direct", lambda *t: True)
+    for mod, name in ((lin, "_linear_cuda"), (mlp_mod, "_mlp_cuda"), (moe_mod, "_moe_cuda")):
+        monkeypatch.setattr(mod, name, lambda *a, _n=name: calls.append(_n) or "direct")
+    ex = experts
+    x = torch.randn(3, ex.w13.shape[-1] * 2).to(torch.bfloat16)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    w = torch.ones(3, 2)
+    assert nvfp4_ops.moe(x, ids, w, *ex.args()) == "direct"
+    assert nvfp4_ops.mlp(x, ex.w13[0], ex.w13_scale[0], ex.w13_global[0], ex.w2[0],
+                         ex.w2_scale[0], ex.w2_global[0]) == "direct"
+    assert nvfp4_ops.linear(x, ex.w13[0], ex.w13_scale[0], ex.w13_global[0, 0]) == "direct"
+    assert calls == ["_moe_cuda", "_mlp_cuda", "_linear_cuda"]
+    monkeypatch.setattr(_eager, "direct", lambda *t: False)
+    out = nvfp4_ops.linear(x, ex.w13[0], ex.w13_scale[0], ex.w13_global[0, 0])
+    assert isinstance(out, torch.Tensor) and len(calls) == 3

@@ -61,6 +61,10 @@ for part in "$@"; do
       echo "== profile rc=$?"; grep -A 34 "cProfile over" "$out/profile_eager.log" | cut -c1-150 ;;
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
+    eager)  # the eager half of overhead only
+      timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager \
+        --out "$out/overhead_eager_h200.json" >"$out/bench_overhead_eager.log" 2>&1
+      echo "== eager rc=$?"; tail -4 "$out/bench_overhead_eager.log" ;;
     overhead)
       timeout -s KILL 420 python3 benchmarks/bench_overhead.py eager startup --jobs "$jobs" \
         --out "$out/overhead_h200.json" >"$out/bench_overhead.log" 2>&1

@@ -15,6 +15,7 @@ import torch
 from nvfp4_ops import _device, kernels
 from nvfp4_ops._library import qualname
 from nvfp4_ops._validate import check_linear_meta, check_weight_values, value_checks_enabled
+from nvfp4_ops.ops import _eager
 from nvfp4_ops.reference import linear_reference
 
 __all__ = ["linear"]
@@ -41,7 +42,7 @@ def _linear_op(
 
 
 @_linear_op.register_kernel("cuda")
-def _(x, weight, weight_scale, global_scale, bias, wfrag=False):
+def _linear_cuda(x, weight, weight_scale, global_scale, bias, wfrag=False):
     _check(x, weight, weight_scale, global_scale, bias)
     _device.require_supported_gpu(x.device)
     impl = kernels.cuda_kernel("linear")
@@ -95,4 +96,7 @@ def linear(
         NVFP4UnsupportedGPUError: CUDA tensors on a GPU other than Hopper (see
             :mod:`nvfp4_ops._device`).
     """
+    if _eager.direct(x, weight, weight_scale, global_scale, bias):
+        # a plain eager CUDA call: skip the dispatcher's Python layers (same implementation)
+        return _linear_cuda(x, weight, weight_scale, global_scale, bias, wfrag)
     return torch.ops.nvfp4.linear(x, weight, weight_scale, global_scale, bias, wfrag)

@@ -23,6 +23,7 @@ from nvfp4_ops._validate import (
     check_weight_values,
     value_checks_enabled,
 )
+from nvfp4_ops.ops import _eager
 from nvfp4_ops.reference import mlp_reference
 
 __all__ = ["mlp"]
@@ -62,7 +63,8 @@ def _mlp_op(
 
 
 @_mlp_op.register_kernel("cuda")
-def _(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
+def _mlp_cuda(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+              wfrag=False):
     _check(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit)
     _device.require_supported_gpu(x.device)
     impl = kernels.cuda_kernel("mlp")
@@ -120,5 +122,9 @@ def mlp(
         NVFP4UnsupportedGPUError: CUDA tensors on a GPU other than Hopper (see
             :mod:`nvfp4_ops._device`).
     """
+    if _eager.direct(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global):
+        # a plain eager CUDA call: skip the dispatcher's Python layers (same implementation)
+        return _mlp_cuda(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+                         wfrag)
     return torch.ops.nvfp4.mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
                                swiglu_limit, wfrag)

@@ -27,6 +27,7 @@ from nvfp4_ops._validate import (
     check_weight_values,
     value_checks_enabled,
 )
+from nvfp4_ops.ops import _eager
 from nvfp4_ops.reference import moe_reference
 
 __all__ = ["moe"]
@@ -78,8 +79,9 @@ def _moe_op(
 
 
 @_moe_op.register_kernel("cuda")
-def _(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
-      expert_start, global_num_experts, swiglu_limit, output_scale, wperm=False):
+def _moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+              w2_global, expert_start, global_num_experts, swiglu_limit, output_scale,
+              wperm=False):
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
            expert_start, global_num_experts, swiglu_limit, output_scale)
     _device.require_supported_gpu(hidden.device)
@@ -164,6 +166,10 @@ def moe(
         NVFP4UnsupportedGPUError: CUDA tensors on a GPU other than Hopper (see
             :mod:`nvfp4_ops._device`).
     """
+    args = (hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+    if _eager.direct(*args):  # a plain eager CUDA call: skip the dispatcher's Python layers
+        return _moe_cuda(*args, expert_start, global_num_experts, swiglu_limit, output_scale,
+                         wperm)
     return torch.ops.nvfp4.moe(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                                w2_scale, w2_global, expert_start, global_num_experts,
                                swiglu_limit, output_scale, wperm)
