@@ -295,8 +295,10 @@ def versions() -> dict[str, str]:
 
 
 def git_commit() -> str:
-    """HEAD (``+dirty`` with local changes), else ``NVFP4_OPS_COMMIT``, else "unknown" (the
-    GPU machine gets a copy of the tree without its history)."""
+    """``NVFP4_OPS_COMMIT`` when set (the GPU machine gets a copy of the tree whose ``.git``,
+    if any, is not the tree's), else HEAD (``+dirty`` with local changes), else "unknown"."""
+    if os.environ.get("NVFP4_OPS_COMMIT"):
+        return os.environ["NVFP4_OPS_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10)
@@ -307,7 +309,7 @@ def git_commit() -> str:
             return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("NVFP4_OPS_COMMIT", "unknown")
+    return "unknown"
 
 
 def run_meta(args: argparse.Namespace, fake: bool) -> dict:
@@ -950,7 +952,8 @@ def stage_callables(shape: MoEShape, t: dict, wperm: bool, start: int, local: in
     num_tokens, top_k = ids.shape
     h, i = shape.hidden, shape.intermediate
     order = dispatch.WeightOrder.WPERM if wperm else dispatch.WeightOrder.CHECKPOINT
-    plan = dispatch.plan_moe(num_tokens, top_k, local, h, i, order=order, chained=False)
+    plan = dispatch.plan_moe(num_tokens, top_k, local, h, i, global_num_experts=shape.experts,
+                             order=order, chained=False)
     routing = moe_routing.moe_routing(ids, local, start, plan.block_m)
     a, row_scale = moe_routing.gather_rows(hidden, weights, routing, plan.act_order)
     act = torch.empty(plan.num_rows, i, dtype=torch.bfloat16, device=a.device)

@@ -197,6 +197,27 @@ def test_moe_block_m_rule():
             assert D._moe_tile(bm, hidden_size, inter) == bm
 
 
+def test_moe_tile_follows_the_ranks_share_of_the_slots():
+    """Under expert parallelism the tile is sized for the slots expected on this rank (its
+    share of the experts), not for all T * k: one rank of EP 8 gets the tile of the whole op
+    at the same T. The padded rows still bound every slot (all may be local)."""
+    for t in (1, 8, 128, 512, 2048, 4096, 16384):
+        whole = D.plan_moe(t, 6, 256, 4096, 2048)
+        rank = D.plan_moe(t, 6, 32, 4096, 2048, global_num_experts=256)
+        assert rank.block_m == whole.block_m, t
+        assert rank.num_rows >= t * 6 and rank.num_rows % rank.block_m == 0
+    assert D.plan_moe(512, 6, 32, 4096, 2048).block_m == 128  # count unknown: all local
+    assert D.plan_moe(512, 6, 32, 4096, 2048, global_num_experts=32).block_m == 128
+    assert D.local_slots(3072, 32, 256) == 384
+    assert D.local_slots(3072, 32, -1) == D.local_slots(3072, 32, 16) == 3072
+    # the tiles an EP rank picks are among those warm-up compiles (any expert count)
+    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.CHECKPOINT)])}
+    for t in (1, 128, 512, 4096, 16384):
+        for e in (32, 64, 128):
+            plan = D.plan_moe(t, 6, e, 4096, 2048, global_num_experts=256)
+            assert {plan.gate_up.config.name, plan.down.config.name} <= reach, (t, e)
+
+
 def test_plans_are_frozen_and_configs_built_once():
     plan = D.plan_linear(7168, 18432, 16, order=W.WFRAG)
     with pytest.raises(AttributeError):

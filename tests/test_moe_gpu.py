@@ -137,11 +137,37 @@ def test_expert_parallel_mixed_ids(tiny, num_tokens):
     got, want = _run(TINY, tiny, hidden, ids, weights, expert_start=start)
     assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
     _check(got, want, f"EP start={start} T={num_tokens}")
-    # the same call with global_num_experts given: ids stay in range, result unchanged
+    # the same call with global_num_experts given: ids stay in range; the tile may be smaller
+    # (sized for this rank's share of the slots), so equal up to fp32 summation order
     again = nvfp4_ops.moe(hidden, ids, weights, *tiny.args(), expert_start=start,
                           global_num_experts=64, swiglu_limit=TINY.swiglu_limit,
                           output_scale=1.5)
-    assert torch.equal(again, got)
+    assert torch.equal(again[0], torch.zeros_like(again[0]))
+    _check(again, want, f"EP start={start} T={num_tokens}, global count given")
+
+
+@pytest.mark.parametrize("num_tokens,all_local", [(128, False), (512, False), (4096, False),
+                                                  (512, True)])
+def test_flash_ep8_rank(flash, num_tokens, all_local):
+    """One rank of EP 8 on V4-Flash (experts [32, 64) of 256, global ids): the tile is sized
+    for the rank's expected 1/8 of the slots. ``all_local``: every slot lands on this rank
+    (8x the estimate), so each expert needs many tiles; still exact."""
+    from nvfp4_ops.kernels import dispatch
+
+    torch.manual_seed(45 + num_tokens)
+    start, local = 32, 32
+    rank = type(flash)(*(t[start:start + local] for t in flash.args()))
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, local if all_local else FLASH.experts,
+                                  FLASH.top_k, device="cuda",
+                                  expert_start=start if all_local else 0)
+    args = (hidden, ids, weights, *rank.args())
+    got = nvfp4_ops.moe(*args, expert_start=start, global_num_experts=FLASH.experts,
+                        swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
+    want = moe_reference(*args, start, FLASH.swiglu_limit, 1.5)
+    plan = dispatch.plan_moe(num_tokens, FLASH.top_k, local, FLASH.hidden, FLASH.intermediate,
+                             global_num_experts=FLASH.experts)
+    _check(got, want, f"EP 8 rank T={num_tokens} all_local={all_local} bm={plan.block_m}")
 
 
 @pytest.mark.parametrize("num_tokens", [1, 8, 37, 128])

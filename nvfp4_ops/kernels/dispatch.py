@@ -11,7 +11,8 @@ The rules, in the order they are applied (the measurements behind each are in
 =====================  ===========================================================================
 token tile             dense: the smallest of 8/16/32/64 that holds M, then 128 up to 256 tokens,
                        256 beyond (:func:`dense_block_m`). MoE: the smallest tile holding the
-                       *mean* rows per local expert (:func:`moe_block_m`), lowered to one both
+                       *mean* rows per local expert (:func:`moe_block_m`) of the rank's
+                       expected share of the slots (:func:`local_slots`), lowered to one both
                        grouped GEMMs cover.
 family                 8-token tiles: the streamed decode kernel (``w4a16_stream``); dense 16/32:
                        ``mma.sync`` (``w4a16_gemm``); grouped 16/32 and everything from 64:
@@ -54,6 +55,7 @@ __all__ = [
     "WeightOrder",
     "dense_block_m",
     "gemm_supported",
+    "local_slots",
     "moe_block_m",
     "moe_supported",
     "moe_act_orders",
@@ -187,10 +189,22 @@ def dense_block_m(num_tokens: int) -> int:
     return 128 if num_tokens <= 256 else 256
 
 
-def moe_block_m(num_slots: int, num_experts: int) -> int:
-    """Token tile for ``num_slots = T * k`` routed slots over ``num_experts`` local experts: the
-    smallest tile that holds the mean rows per expert (256 beyond). 8-token tiles run the
-    streamed kernel (a tile per used expert, its weights streamed once), 16-256 WGMMA."""
+def local_slots(num_slots: int, num_experts: int, global_num_experts: int = -1) -> float:
+    """The routed slots expected on this rank: ``num_slots = T * k`` times the rank's share
+    ``num_experts / global_num_experts`` of the experts (all of them when the global count is
+    unknown, -1, or not larger). An estimate from static sizes only (uniform routing); the
+    kernels stay correct for any actual split, since the padded rows and the grids still
+    bound all ``num_slots`` slots."""
+    if global_num_experts > num_experts > 0:
+        return num_slots * num_experts / global_num_experts
+    return float(num_slots)
+
+
+def moe_block_m(num_slots: float, num_experts: int) -> int:
+    """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
+    ``num_experts`` local experts: the smallest tile that holds the mean rows per expert (256
+    beyond). 8-token tiles run the streamed kernel (a tile per used expert, its weights
+    streamed once), 16-256 WGMMA."""
     mean = num_slots / max(1, num_experts)
     for block_m in BLOCK_MS:
         if mean <= block_m:
@@ -495,10 +509,16 @@ def plan_mlp(hidden_size: int, inter: int, num_tokens: int, *,
 
 @functools.cache
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, *,
-             order: WeightOrder = WeightOrder.CHECKPOINT, block_m: int | None = None,
-             permuted: bool | None = None, chained: bool = True) -> MoEPlan | None:
+             global_num_experts: int = -1, order: WeightOrder = WeightOrder.CHECKPOINT,
+             block_m: int | None = None, permuted: bool | None = None,
+             chained: bool = True) -> MoEPlan | None:
     """The plan of ``nvfp4::moe`` on CUDA for ``num_tokens >= 1`` tokens routed top-``k`` over
-    ``num_experts`` local experts; None where the grouped GEMMs do not cover ``(H, I)``.
+    ``num_experts`` local experts of ``global_num_experts`` (-1: unknown, taken as all local);
+    None where the grouped GEMMs do not cover ``(H, I)``.
+
+    Under expert parallelism the tile is chosen for the rank's expected share of the slots
+    (:func:`local_slots`): one rank of EP 8 sees about 1/8 of them, and a tile sized for all
+    ``T * k`` would be mostly padding rows.
 
     ``block_m`` / ``permuted`` override the policy's token tile / activation order, and
     ``chained=False`` launches the GEMMs without launch overlap (tests and A/B tools only; the
@@ -513,7 +533,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     if order is WeightOrder.WFRAG:
         raise ValueError("the MoE kernels read checkpoint or wperm weights, not wfrag")
     if block_m is None:
-        block_m = _moe_tile(moe_block_m(num_tokens * top_k, num_experts), hidden_size, inter)
+        slots = local_slots(num_tokens * top_k, num_experts, global_num_experts)
+        block_m = _moe_tile(moe_block_m(slots, num_experts), hidden_size, inter)
     if permuted is None:
         permuted = _grouped_permuted(hidden_size, inter, block_m)
     num_rows = padded_rows(num_tokens * top_k, num_experts, block_m)

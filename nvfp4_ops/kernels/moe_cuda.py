@@ -130,10 +130,13 @@ def moe_forward(
 
 
 def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-             w2_global, expert_start, swiglu_limit, output_scale, wperm=False):
+             w2_global, expert_start, swiglu_limit, output_scale, wperm=False,
+             global_num_experts=-1):
     """The CUDA implementation of ``nvfp4::moe``: the validated op arguments -> ``bf16 [T, H]``.
 
     Sizes the grouped GEMMs do not cover (H or I not a multiple of 128) run the reference.
+    ``global_num_experts`` only sizes the token tile (:func:`nvfp4_ops.kernels.dispatch.
+    plan_moe`); the ids were checked against it by the op.
 
     Raises:
         NVFP4InputError: ``wperm`` weights at sizes whose kernels cannot read them at every
@@ -150,6 +153,7 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
                               "sizes have none (dispatch.moe_wperm_supported); pass checkpoint-"
                               "order weights")
     plan = dispatch.plan_moe(num_tokens, topk_ids.shape[1], w13.shape[0], hidden_size, inter,
+                             global_num_experts=global_num_experts,
                              order=WeightOrder.WPERM if wperm else WeightOrder.CHECKPOINT)
     if plan is None:
         from nvfp4_ops.reference import moe_reference

@@ -91,7 +91,8 @@ def _moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                              wperm=wperm)
     return impl(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-                w2_global, expert_start, swiglu_limit, output_scale, wperm=wperm)
+                w2_global, expert_start, swiglu_limit, output_scale, wperm=wperm,
+                global_num_experts=global_num_experts)
 
 
 @_moe_op.register_fake
