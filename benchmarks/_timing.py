@@ -11,8 +11,9 @@ The method (device time only, no Python launch overhead in the numbers):
   full of dirty lines whose write-back is charged to the next kernel (on an H200 the same
   M = 1 linear took 35.6 µs after a write flush, 32.3-32.6 µs after a read flush;
   ``nvfp4_ops/kernels/DESIGN.md``, "Timing").
-* **Baselines in the same process**, taken right after the op they are compared with, so
-  clock and machine drift hit both alike.
+* **Baselines in the same process** as the op they are compared with, so machine
+  differences hit both alike (``bench_linear`` times the baseline right after the op;
+  ``bench_moe`` times bf16 in a phase of its own, since its V4-Pro weights are 51 GB).
 * **Chained figures are throughput**: a graph of many back-to-back calls (:func:`capture` of a
   list) lets each call overlap the previous one's tail (launch overlap); its per-call time is
   close to a call that follows an unrelated small kernel, but it is a throughput figure and
@@ -26,7 +27,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_one_call"]
+__all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_chained",
+           "time_one_call"]
 
 #: flush buffer size: 256 MiB, four to five times the L2 of an H100 / H200
 L2_FLUSH_BYTES = 256 * 2**20
@@ -119,4 +121,3 @@ def time_chained(fn: Callable[[], object], calls: int, iters: int,
     return us
 
 
-__all__ += ["time_chained"]

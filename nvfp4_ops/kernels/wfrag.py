@@ -1,5 +1,4 @@
-"""``wfrag``: the dense weights' codes in MMA-fragment order (validated on H200 in session 8,
-benchmarks/results/h200_2026-12-01_s8): what ``nvfp4::linear`` / ``nvfp4::mlp`` with
+"""``wfrag``: the dense weights' codes in MMA-fragment order: what ``nvfp4::linear`` / ``nvfp4::mlp`` with
 ``wfrag=True`` read, prepared in place by ``nvfp4::to_wfrag_`` (:func:`prepare_`: this order,
 then the ``wperm`` bits).
 
@@ -11,7 +10,7 @@ row, the k pairs ``8 j + 2 c + {0, 1}``. With checkpoint-order weights the two m
 the *activations* are permuted (the MoE's ``kperm`` / ``pair`` orders, free in its gather),
 or the kernel gathers bytes from 16 (the dense WGMMA path) or ``prmt``s the activations (the
 dense streamed path). A dense linear gets natural-order ``x`` from its caller, and permuting it
-costs a pass over ``x`` (session 7: as much as the kernel saves).
+costs a pass over ``x`` (measured: as much as the kernel saves; ``DESIGN.md``, section 7).
 
 So permute the weights instead, once, offline: inside every 32-k block of a row (16 bytes,
 4 u32 words), word ``c`` holds code ``8 j + 2 c`` in nibble ``j`` and code ``8 j + 2 c + 1``

@@ -22,9 +22,8 @@ Why a permutation inside the word only: every consumer of ``pair4`` (the streame
 WGMMA kernel's ``kperm`` path) loads whole u32 words at the same byte offsets, so addressing,
 TMA boxes and shared-memory layouts stay as they are; only the decoder changes.
 
-Measured (H200, V4-Flash, benchmarks/results/h200_2026-12-01_s7/ab/wperm.log, bitwise equal
-outputs): MoE gate/up / down GEMMs 0.91 / 0.87x the checkpoint order's time at T = 512, 0.96 /
-0.90x at T = 4096; whole op 0.985x / 0.957x.
+What it saves on the GPU, and the command that measures it: ``nvfp4_ops/kernels/DESIGN.md``,
+section 8 ("Weight bit order").
 """
 
 from __future__ import annotations

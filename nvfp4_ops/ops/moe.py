@@ -145,7 +145,10 @@ def moe(
         expert_start: the first global id this rank owns, ``>= 0``.
         global_num_experts: total experts over all ranks, ``>= expert_start + E``; -1 when
             unknown. The debug id check (``NVFP4_OPS_VALUE_CHECKS=1``) refuses ids outside
-            ``[0, global_num_experts)`` (only ``id >= 0`` when unknown).
+            ``[0, global_num_experts)`` (only ``id >= 0`` when unknown). On CUDA it also
+            sizes the token tile for this rank's expected share of the slots (unknown: all
+            local, a larger tile under expert parallelism); the result is the same up to
+            fp32 summation order either way.
         swiglu_limit: ``L`` of the clamped SwiGLU, ``> 0``; None (or ``inf``, the same
             result) for no clamp.
         output_scale: multiplier on the result, finite (``routed_scaling_factor``; vLLM
