@@ -40,6 +40,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 
 import nvfp4_ops  # registers torch.ops.nvfp4.*
+from model_glue.warm import warm_layer
 from nvfp4_ops import _env
 from nvfp4_ops.prepare import prepare_linear
 
@@ -92,7 +93,8 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer) -> None:
         """Per-row global scales from the shards' ``weight_scale_2``, the weights checked once,
         the codes in the ``wfrag`` order on CUDA (:func:`nvfp4_ops.prepare.prepare_linear`;
-        ``NVFP4_OPS_DENSE_WFRAG`` forces it either way).
+        ``NVFP4_OPS_DENSE_WFRAG`` forces it either way); then, on CUDA, the layer's kernels
+        warmed (:mod:`model_glue.warm`).
 
         Raises:
             nvfp4_ops.NVFP4InputError: a bad scale (``global_scale`` is the per-row expansion
@@ -109,6 +111,14 @@ class Nvfp4OpsLinearMethod(LinearMethodBase):
         del layer.input_scale
         layer.register_parameter("weight_global",
                                  torch.nn.Parameter(per_row, requires_grad=False))
+        warm_layer(self.describe(layer), layer.weight.device)
+
+    @staticmethod
+    def describe(layer) -> nvfp4_ops.LinearLayer:
+        """The prepared layer as :func:`nvfp4_ops.warmup` takes it."""
+        n, k = layer.weight.shape[0], layer.weight.shape[1] * 2
+        return nvfp4_ops.LinearLayer(n, k, has_bias=getattr(layer, "bias", None) is not None,
+                                     wfrag=getattr(layer, "nvfp4_wfrag", False))
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])

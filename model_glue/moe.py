@@ -76,6 +76,7 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedM
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 
 import nvfp4_ops  # registers torch.ops.nvfp4.*
+from model_glue.warm import warm_layer
 from nvfp4_ops import _env
 from nvfp4_ops.format import UE8M0_NAN
 from nvfp4_ops.prepare import prepare_moe, prepare_mxfp4_moe
@@ -101,7 +102,8 @@ class _OpsFusedMoE:
 
     A mixin placed before vLLM's method class in the bases. A subclass says where its global
     scales live (:meth:`_global_scales`), prepares its weights with :mod:`nvfp4_ops.prepare`
-    and calls :meth:`_setup_expert_range` at the end of its ``process_weights_after_loading``.
+    and calls :meth:`_setup_expert_range`, then :meth:`_warm`, at the end of its
+    ``process_weights_after_loading``.
     """
 
     def _init_ops_state(self) -> None:
@@ -148,6 +150,17 @@ class _OpsFusedMoE:
         """``NVFP4_OPS_MOE_WPERM``: ``auto`` (None: on CUDA where the MoE kernels read the
         ``wperm`` order), or a boolean that forces it."""
         return _env.auto_flag(_env.MOE_WPERM)
+
+    def describe(self, layer) -> nvfp4_ops.MoELayer:
+        """The prepared layer as :func:`nvfp4_ops.warmup` takes it."""
+        w13 = layer.w13_weight
+        return nvfp4_ops.MoELayer(experts=w13.shape[0], hidden=w13.shape[2] * 2,
+                                  inter=w13.shape[1] // 2, top_k=self.moe.experts_per_token,
+                                  wperm=self.wperm)
+
+    def _warm(self, layer) -> None:
+        """Warm this layer's kernels on CUDA (:mod:`model_glue.warm`); the last post-load step."""
+        warm_layer(self.describe(layer), layer.w13_weight.device)
 
     def _setup_expert_range(self, layer) -> None:
         """EP: the op takes GLOBAL ids plus the first global id of a contiguous local range.
@@ -250,6 +263,7 @@ class ModelOptNvFp4OpsFusedMoE(_OpsFusedMoE, ModelOptNvFp4FusedMoE):
             layer.w2_weight.data, layer.w2_weight_scale.data, layer.w2_weight_scale_2.data,
             wperm=self._wperm_wanted(), where=where)
         self._setup_expert_range(layer)
+        self._warm(layer)
 
     def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight_scale_2, layer.w2_weight_scale_2
@@ -309,6 +323,7 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
             layer.register_parameter(f"{stem}_weight_global",
                                      torch.nn.Parameter(global_scale, requires_grad=False))
         self._setup_expert_range(layer)
+        self._warm(layer)
 
     def _global_scales(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight_global, layer.w2_weight_global

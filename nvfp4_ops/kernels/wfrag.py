@@ -1,6 +1,6 @@
-"""``wfrag``: the dense weights' codes in MMA-fragment order: what ``nvfp4::linear`` / ``nvfp4::mlp`` with
-``wfrag=True`` read, prepared in place by ``nvfp4::to_wfrag_`` (:func:`prepare_`: this order,
-then the ``wperm`` bits).
+"""``wfrag``: the dense weights' codes in MMA-fragment order: what ``nvfp4::linear`` /
+``nvfp4::mlp`` with ``wfrag=True`` read, prepared in place by ``nvfp4::to_wfrag_``
+(:func:`prepare_`: this order, then the ``wperm`` bits).
 
 Why: every kernel family decodes a lane's u32 word of 8 codes with ``pair4``
 (:func:`nvfp4_ops.kernels.cute.fp4_ptx.decode_word_pair4`), which yields the 4 bf16x2

@@ -25,6 +25,7 @@ from dsv4_ckpt import (
     HIDDEN,
     LAYERS,
     MOE_INTER,
+    TOP_K,
     VOCAB,
     Checkpoint,
     transformers_hf_keys,
@@ -518,3 +519,48 @@ def test_dense_wfrag_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch
         _env.auto_flag(_env.DENSE_WFRAG)
     # auto: CPU weights keep the checkpoint order
     assert prepare_linear(before.clone(), gu.weight_scale, gu.weight_global)[1] is False
+
+
+def test_every_prepared_layer_is_warmed_from_its_own_sizes(vllm_cpu, tmp_path, monkeypatch):
+    """Post-load processing ends with a warm-up of the layer's kernels, described from the
+    loaded parameters (model_glue.warm): the routed experts and, for ModelOpt, the quantized
+    shared-expert linears. On CPU weights the warm-up itself does nothing."""
+    import model_glue.linear
+    import model_glue.moe
+    import nvfp4_ops
+
+    seen = []
+
+    def record(layer, device):
+        seen.append((layer, device.type))
+        return False
+
+    monkeypatch.setattr(model_glue.moe, "warm_layer", record)
+    monkeypatch.setattr(model_glue.linear, "warm_layer", record)
+    with built_model(Checkpoint("modelopt", seed=23), "native", str(tmp_path)) as eng:
+        process(eng)
+    moe = nvfp4_ops.MoELayer(experts=EXPERTS, hidden=HIDDEN, inter=MOE_INTER, top_k=TOP_K)
+    assert [d for d in seen if isinstance(d[0], nvfp4_ops.MoELayer)] == [(moe, "cpu")] * LAYERS
+    linears = {d[0] for d in seen if isinstance(d[0], nvfp4_ops.LinearLayer)}
+    assert nvfp4_ops.LinearLayer(2 * MOE_INTER, HIDDEN) in linears  # shared gate_up_proj
+    assert nvfp4_ops.LinearLayer(HIDDEN, MOE_INTER) in linears  # shared down_proj
+    assert all(dev == "cpu" for _, dev in seen)
+
+
+def test_warm_layer_runs_once_per_description_on_cuda_only(vllm_cpu, monkeypatch):
+    import model_glue.warm as warm
+    import nvfp4_ops
+
+    calls = []
+    monkeypatch.setattr(warm, "_warmed", set())
+    monkeypatch.setattr(nvfp4_ops, "warmup", lambda layers: calls.append(layers) or ["k1", "k2"])
+    a = nvfp4_ops.LinearLayer(256, 512, wfrag=True)
+    b = nvfp4_ops.MoELayer(experts=8, hidden=256, inter=128, top_k=2, wperm=True)
+    assert warm.warm_layer(a, torch.device("cpu")) is False and calls == []
+    assert warm.warm_layer(a, torch.device("cuda", 0)) is True
+    assert warm.warm_layer(a, torch.device("cuda", 0)) is False
+    assert warm.warm_layer(b, torch.device("cuda", 0)) is True
+    assert calls == [[a], [b]] and warm.warmed() == {a, b}
+    monkeypatch.setenv("NVFP4_OPS_BACKEND", "reference")
+    c = nvfp4_ops.LinearLayer(512, 512)
+    assert warm.warm_layer(c, torch.device("cuda", 0)) is False and len(calls) == 2
