@@ -392,8 +392,8 @@ def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm):
     def gemm(epilogue):
         return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=bm), layout, order)
 
-    return MoEPlan(bm, padded_rows(num_tokens * top_k, num_experts, bm), layout, order,
-                   gemm("swiglu"), gemm("row_scale"))
+    return MoEPlan(padded_rows(num_tokens * top_k, num_experts, bm), gemm("swiglu"),
+                   gemm("row_scale"))
 
 
 @pytest.fixture(scope="module")

@@ -162,18 +162,29 @@ class GemmPlan:
 class MoEPlan:
     """Everything ``nvfp4::moe`` runs for one set of static sizes.
 
-    ``block_m``: the routing's token tile (every expert segment padded to it); ``num_rows``:
-    the padded row count ``P`` of the gathered buffer; ``act_order``: the k order the gather
-    writes and GEMM 1's SwiGLU epilogue writes (``natural``, ``pair`` or ``kperm``);
-    ``gate_up`` / ``down``: the two grouped GEMMs (both launched with launch overlap).
+    ``num_rows``: the padded row count ``P`` of the gathered buffer; ``gate_up`` / ``down``:
+    the two grouped GEMMs (both launched with launch overlap), which share one token tile,
+    one activation order and one weight order; the properties read them from ``gate_up``.
     """
 
-    block_m: int
     num_rows: int
-    act_order: str
-    weight_order: WeightOrder
     gate_up: GemmPlan
     down: GemmPlan
+
+    @property
+    def block_m(self) -> int:
+        """The routing's token tile (every expert segment padded to it)."""
+        return self.gate_up.block_m
+
+    @property
+    def act_order(self) -> str:
+        """The k order the gather and GEMM 1's SwiGLU epilogue write (``natural``, ``pair``
+        or ``kperm``)."""
+        return self.gate_up.act_order
+
+    @property
+    def weight_order(self) -> WeightOrder:
+        return self.gate_up.weight_order
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -543,7 +554,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
                   order=order)
     gate_up = plan_gemm(2 * inter, hidden_size, block_m, epilogue="swiglu", **common)
     down = plan_gemm(hidden_size, inter, block_m, epilogue="row_scale", **common)
-    return MoEPlan(block_m, num_rows, gate_up.act_order, order, gate_up, down)
+    assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
+    return MoEPlan(num_rows, gate_up, down)
 
 
 # ---------------------------------------------------------------------------- reachability
