@@ -80,32 +80,11 @@ def l2_flush(mode: str = "read", nbytes: int = L2_FLUSH_BYTES,
     return lambda: torch.amax(buf)
 
 
-def time_one_call(fn: Callable[[], object], iters: int,
-                  flush: Callable[[], object] | None, warmup: int = 2) -> float:
-    """Median µs of one call of ``fn`` per CUDA-graph replay, ``flush`` (:func:`l2_flush`)
-    before every timed replay. ``fn`` runs ``warmup`` times eagerly on a side stream first
-    (compiles, loads modules, fills allocator pools), then once inside the captured graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = capture([fn])
-    graph.replay()
-    torch.cuda.synchronize()
-    us = replay_median_us(graph, iters, before_each=flush)
-    del graph
-    return us
-
-
-def time_chained(fn: Callable[[], object], calls: int, iters: int,
-                 flush: Callable[[], object] | None, warmup: int = 1) -> float:
-    """Median µs per call of a CUDA graph holding ``calls`` back-to-back calls of ``fn``,
-    ``flush`` before every timed replay: a throughput figure (each call may overlap the
-    previous one's tail), to be labelled "chained", never reported as a latency. ``fn`` runs
-    ``warmup`` times eagerly on a side stream first, as in :func:`time_one_call`."""
+def _graph_median_us(fn: Callable[[], object], calls: int, iters: int,
+                     flush: Callable[[], object] | None, warmup: int) -> float:
+    """Median µs per call of a CUDA graph of ``calls`` back-to-back calls of ``fn``, ``flush``
+    before every timed replay; ``fn`` runs ``warmup`` times eagerly on a side stream first
+    (compiles, loads modules, fills allocator pools)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -119,5 +98,22 @@ def time_chained(fn: Callable[[], object], calls: int, iters: int,
     us = replay_median_us(graph, iters, calls_per_replay=calls, before_each=flush)
     del graph
     return us
+
+
+def time_one_call(fn: Callable[[], object], iters: int,
+                  flush: Callable[[], object] | None, warmup: int = 2) -> float:
+    """Median µs of one call of ``fn`` per CUDA-graph replay, ``flush`` (:func:`l2_flush`)
+    before every timed replay. ``fn`` runs ``warmup`` times eagerly on a side stream first
+    (compiles, loads modules, fills allocator pools), then once inside the captured graph."""
+    return _graph_median_us(fn, 1, iters, flush, warmup)
+
+
+def time_chained(fn: Callable[[], object], calls: int, iters: int,
+                 flush: Callable[[], object] | None, warmup: int = 1) -> float:
+    """Median µs per call of a CUDA graph holding ``calls`` back-to-back calls of ``fn``,
+    ``flush`` before every timed replay: a throughput figure (each call may overlap the
+    previous one's tail), to be labelled "chained", never reported as a latency. ``fn`` runs
+    ``warmup`` times eagerly on a side stream first, as in :func:`time_one_call`."""
+    return _graph_median_us(fn, calls, iters, flush, warmup)
 
 

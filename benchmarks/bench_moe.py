@@ -126,10 +126,6 @@ BYTES_PER_WEIGHT = {"nvfp4": NVFP4_BYTES_PER_WEIGHT, "mxfp4": MXFP4_BYTES_PER_WE
 #: gate/up order gives O(1))
 CHECK_REF_REL_L2 = 4e-3
 CHECK_PEER_REL_L2 = 2e-2
-#: every process of a multi-GPU run keeps NVLink multicast off (it can take the host's GPUs
-#: out of service); cuMulticastCreate is never called
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 #: what each JSON row field means
@@ -1329,7 +1325,9 @@ def run_ranks(args: argparse.Namespace) -> int:
         log(f"bench_moe --ranks {world}: needs {world} CUDA devices, found {count}; nothing "
             "measured")
         return 0
-    os.environ.update(MULTICAST_OFF)
+    from nvfp4_ops.testing import MULTICAST_OFF
+
+    os.environ.update(MULTICAST_OFF)  # the children inherit it (and set it again)
     import tempfile
 
     import torch.multiprocessing as mp
@@ -1347,14 +1345,11 @@ def run_ranks(args: argparse.Namespace) -> int:
 
 
 def _rank_main(rank: int, world: int, rdzv: str, cfg: dict) -> None:
-    os.environ.update(MULTICAST_OFF)
     import torch.distributed as dist
 
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"file://{rdzv}/rendezvous", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(minutes=5),
-                            device_id=device)
+    from nvfp4_ops.testing import init_nccl_rank
+
+    device = init_nccl_rank(rank, world, f"{rdzv}/rendezvous")
     if rank == 0 and cfg["jobs"] > 0:
         precompile(cfg["shapes"], cfg["jobs"])
     dist.barrier()

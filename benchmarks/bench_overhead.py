@@ -66,28 +66,22 @@ def _host_median_us(fn, reps: int) -> float:
 
 def _cases():
     import nvfp4_ops
-    from nvfp4_ops.testing import random_routing
+    from nvfp4_ops.testing import fast_random_experts, random_routing
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     s = nvfp4_ops.get_shape("v4-flash")
     e, h, i = s.experts, s.hidden, s.intermediate
-
-    def codes(*shape):
-        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
-
-    def scales(*shape):
-        return (torch.rand(shape, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
-
-    w13, w2 = codes(e, 2 * i, h // 2), codes(e, h, i // 2)
-    nvfp4_ops.to_wperm_(w13)
-    nvfp4_ops.to_wperm_(w2)
-    experts = (w13, scales(e, 2 * i, h // 16), torch.full((e, 2), 1e-3, device="cuda"),
-               w2, scales(e, h, i // 16), torch.full((e,), 1e-3, device="cuda"))
+    moe_weights = fast_random_experts(e, h, i, device="cuda")
+    nvfp4_ops.to_wperm_(moe_weights.w13)
+    nvfp4_ops.to_wperm_(moe_weights.w2)
+    experts = moe_weights.args()
     x1 = torch.randn(1, h, device="cuda", generator=gen).to(torch.bfloat16)
     ids, weights = random_routing(1, e, s.top_k, device="cuda")
     n, k = 7168, 18432
-    w = nvfp4_ops.to_wfrag_(codes(n, k // 2))
-    ws, wg = scales(n, k // 16), torch.full((), 1e-3, device="cuda")
+    w = nvfp4_ops.to_wfrag_(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda",
+                                          generator=gen))
+    ws = (torch.rand(n, k // 16, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
+    wg = torch.full((), 1e-3, device="cuda")
     xl = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
     return {
         "moe V4-Flash T=1": lambda: nvfp4_ops.moe(x1, ids, weights, *experts,

@@ -4,8 +4,8 @@ vLLM runs each quantization method's ``process_weights_after_loading`` once the 
 loaded, before it profiles memory and captures CUDA graphs. At the end of it the glue describes
 the layer (:class:`nvfp4_ops.LinearLayer` ``(N, K, bias, wfrag)`` or
 :class:`nvfp4_ops.MoELayer` ``(E, H, I, top_k, wperm)``) and, for weights on a CUDA device,
-calls :func:`nvfp4_ops.warmup` with it, once per distinct description (the decoder layers of
-one model repeat a handful of them). So every kernel variant a forward can launch is compiled,
+calls :func:`nvfp4_ops.warmup` with it (which skips what already ran: the decoder layers of
+one model repeat a handful of sizes). So every kernel variant a forward can launch is compiled,
 or loaded from the disk cache, and run once before the first request and before graph
 capture; with ``NVFP4_OPS_NO_COMPILE_AFTER_WARMUP=1`` any later compile is an error naming the
 kernel. Weights on the CPU, and ``NVFP4_OPS_BACKEND=reference``, warm nothing (the references
@@ -21,34 +21,26 @@ import torch
 import nvfp4_ops
 from nvfp4_ops import _env
 
-__all__ = ["warm_layer", "warmed"]
-
-#: descriptions already warmed in this process
-_warmed: set = set()
-
-
-def warmed() -> frozenset:
-    """The layer descriptions warmed so far in this process."""
-    return frozenset(_warmed)
+__all__ = ["warm_layer"]
 
 
 def warm_layer(layer: nvfp4_ops.LinearLayer | nvfp4_ops.MoELayer, device: torch.device) -> bool:
-    """Warm the kernels of one layer whose weights live on ``device``; True if it ran now
-    (False: a CPU device, ``NVFP4_OPS_BACKEND=reference``, or this description was warmed
-    before).
+    """Warm the kernels of one layer whose weights live on ``device``; True if any variant
+    ran now (False: a CPU device, ``NVFP4_OPS_BACKEND=reference``, or all of them ran before).
 
     Raises:
         nvfp4_ops.NVFP4UnsupportedGPUError: the GPU is not a Hopper one (at load time, not at
             the first request).
     """
-    if device.type != "cuda" or layer in _warmed or _env.backend() == "reference":
+    if device.type != "cuda" or _env.backend() == "reference":
         return False  # the references compile nothing
     from vllm.logger import init_logger
 
     start = time.monotonic()
     # on the current device: the one vLLM's worker loaded this layer's weights onto
-    names = nvfp4_ops.warmup(layers=[layer])
-    _warmed.add(layer)
+    names = nvfp4_ops.warmup(layers=[layer], run=True)
+    if not names:
+        return False
     init_logger("vllm.plugins.nvfp4_ops").info(
         "nvfp4_ops: %d kernel variants warmed for %s in %.1f s", len(names), layer,
         time.monotonic() - start)

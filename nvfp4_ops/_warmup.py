@@ -98,6 +98,12 @@ def plans_for(layers: Sequence) -> list:
         moes=moes)
 
 
+#: what ran on a CUDA device in this process: ``(device index, config name)`` -> the binary
+#: that ran (a binary reloaded after the memory cache was cleared runs again), and
+#: ``(device index, "triton", H, I, k)`` -> True; compile-only warm-ups record nothing
+_ran: dict[tuple, object] = {}
+
+
 def warmup(
     shapes: Iterable[str] | None = None,
     *,
@@ -118,7 +124,10 @@ def warmup(
 
     Returns:
         The names of the variants warmed (CuTeDSL configs, then the MoE's Triton kernels when
-        ``run``). Afterwards the no-compile guard, if on, forbids compiles.
+        ``run``). With ``run``, variants that already ran on this device in this process are
+        skipped and not listed, so warming layer after layer (as the vLLM glue does) costs
+        nothing for sizes seen before. Afterwards the no-compile guard, if on, forbids
+        compiles.
 
     Raises:
         ValueError: an unknown shape name or layer type.
@@ -147,23 +156,28 @@ def warmup(
     from nvfp4_ops.kernels import linear_cuda
 
     names = []
+    device = torch.cuda.current_device() if run else None
     plans = plans_for(all_layers)
     for i, plan in enumerate(plans):
-        linear_cuda.compiled(plan.config)
+        binary = linear_cuda.compiled(plan.config)  # a memory-cache hit when seen before
         if run:
+            key = (device, plan.config.name)
+            if _ran.get(key) is binary:
+                continue  # this very binary already ran on this device
             linear_cuda.run_once(plan)
+            _ran[key] = binary
         names.append(plan.config.name)
         if progress is not None:
             progress(f"[{i + 1}/{len(plans)}] {plan.config.name}{' (ran)' if run else ''}")
     if run:
         from nvfp4_ops.kernels import dispatch, moe_cuda
 
-        done = set()
         for layer in all_layers:
-            key = (layer.hidden, layer.inter, layer.top_k) if isinstance(layer, MoELayer) else None
-            if key is None or key in done:
+            key = (device, "triton", layer.hidden, layer.inter, layer.top_k) if isinstance(
+                layer, MoELayer) else None
+            if key is None or key in _ran:
                 continue
-            done.add(key)
+            _ran[key] = True
             tiles = dispatch.moe_act_orders(layer.hidden, layer.inter)
             triton_names = moe_cuda.warmup_triton(layer.hidden, layer.top_k, tiles)
             names += triton_names

@@ -15,7 +15,9 @@ import torch
 from nvfp4_ops import format as fmt
 
 __all__ = [
+    "MOE_REL_L2",
     "QuantizedExperts",
+    "assert_moe_close",
     "find_cuda_tool",
     "kernel_ptx",
     "moe_bf16_dequantized",
@@ -106,6 +108,24 @@ def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
     e = expected.double()
     denom = e.norm().item()
     return (a - e).norm().item() / denom if denom else a.norm().item()
+
+
+#: ``nvfp4::moe`` on CUDA vs its reference: the kernels round each slot's weighted expert
+#: output to bf16 before the fp32 combine (the reference keeps it fp32): ~2.5e-3 relative L2;
+#: fp32 summation order adds ~1e-6.
+MOE_REL_L2 = 4e-3
+
+
+def assert_moe_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """The GPU MoE tests' comparison: ``got`` bf16 of ``want``'s shape, no NaN, relative L2
+    below :data:`MOE_REL_L2`, and every element within 2 % of ``want``'s largest magnitude."""
+    assert got.shape == want.shape and got.dtype == torch.bfloat16, what
+    assert not got.isnan().any(), f"{what}: NaN in output"
+    err = rel_l2(got, want)
+    assert err < MOE_REL_L2, f"{what}: relative L2 {err:.2e}"
+    tol = 0.02 * want.float().abs().max().item() + 1e-3
+    max_err = (got.float() - want.float()).abs().max().item()
+    assert max_err < tol, f"{what}: max abs error {max_err:.3e} (tolerance {tol:.3e})"
 
 
 def moe_bf16_dequantized(
@@ -580,3 +600,33 @@ def contiguous_routing(topk_ids: torch.Tensor, *, expert_start: int = 0,
     inverse[order[:num_valid]] = torch.arange(num_valid, dtype=torch.int32,
                                               device=topk_ids.device)
     return offsets, inverse.reshape(topk_ids.shape)
+
+
+# ---------------------------------------------------------------- multi-GPU runs
+
+#: The environment every process of a multi-GPU run keeps: NVLink multicast off (it can take
+#: the host's GPUs out of service), so nothing calls ``cuMulticastCreate``.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def init_nccl_rank(rank: int, world: int, rendezvous_file: str) -> torch.device:
+    """Start one rank of a multi-GPU run: :data:`MULTICAST_OFF` in this process, GPU
+    ``rank`` current, an NCCL process group of ``world`` ranks met through
+    ``rendezvous_file`` (5-minute timeout). Returns the rank's device; the caller destroys
+    the group (``torch.distributed.destroy_process_group``)."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MULTICAST_OFF)
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"file://{rendezvous_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(minutes=5),
+                            device_id=device)
+    return device
+
+
+__all__ += ["MULTICAST_OFF", "init_nccl_rank"]

@@ -20,3 +20,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def cuda_moe_kernel():
+    """For the GPU MoE tests: skip without CUDA, and make sure ``nvfp4::moe`` dispatches to the
+    CUDA kernels (``moe_cuda``), so no test can pass on the GPU reference fallback."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from nvfp4_ops import kernels
+    from nvfp4_ops.kernels import moe_cuda
+
+    assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda

@@ -25,19 +25,13 @@ kernel caches make each rank compile its variants first: run
 
 from __future__ import annotations
 
-import datetime
-import os
-
 import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
 WORLD = 2
 SEED = 123
-REL_L2 = 4e-3  # the single-GPU tests' bound against the reference (see the docstring)
 NUM_TOKENS = 96
 
 
@@ -74,11 +68,11 @@ def _digest(tensors) -> torch.Tensor:
 
 
 def _check_sum(total: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    from nvfp4_ops.testing import rel_l2
+    from nvfp4_ops.testing import MOE_REL_L2, rel_l2
 
     assert not total.isnan().any(), f"{what}: NaN"
     err = rel_l2(total, want)
-    assert err < REL_L2, f"{what}: all-reduced partials vs the single-GPU op, rel L2 {err:.2e}"
+    assert err < MOE_REL_L2, f"{what}: all-reduced partials vs the single-GPU op, rel L2 {err:.2e}"
     tol = 0.02 * want.float().abs().max().item() + 1e-3
     max_err = (total - want.float()).abs().max().item()
     assert max_err < tol, f"{what}: max abs error {max_err:.3e} (tolerance {tol:.3e})"
@@ -86,19 +80,14 @@ def _check_sum(total: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
     """One process: its GPU, its experts, its checks; raises on any mismatch."""
-    os.environ.update(MULTICAST_OFF)
     import torch.distributed as dist
 
     import nvfp4_ops
     from nvfp4_ops.kernels import dispatch
     from nvfp4_ops.reference import moe_reference
-    from nvfp4_ops.testing import fast_random_experts, rel_l2
+    from nvfp4_ops.testing import MOE_REL_L2, fast_random_experts, init_nccl_rank, rel_l2
 
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(minutes=5),
-                            device_id=device)
+    device = init_nccl_rank(rank, WORLD, rendezvous)
     try:
         shape = nvfp4_ops.get_shape(shape_name)
         e, h, i = shape.experts, shape.hidden, shape.intermediate
@@ -133,7 +122,7 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
             ref = moe_reference(hidden, ids, weights, *mine.args(), start, shape.swiglu_limit,
                                 1.0, wperm=wperm)
             err = rel_l2(part, ref)
-            assert err < REL_L2, f"{what}: rank {rank}'s partial vs its reference {err:.2e}"
+            assert err < MOE_REL_L2, f"{what}: rank {rank}'s partial vs its reference {err:.2e}"
             total = part.float()
             dist.all_reduce(total)
             parts = [torch.empty_like(part) for _ in range(WORLD)]
@@ -177,6 +166,8 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
 @pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
 def test_two_ranks_sum_to_the_single_gpu_op(shape_name, tmp_path, monkeypatch):
     import torch.multiprocessing as mp
+
+    from nvfp4_ops.testing import MULTICAST_OFF
 
     for key, value in MULTICAST_OFF.items():
         monkeypatch.setenv(key, value)  # inherited by the children, and set there again

@@ -51,6 +51,38 @@ def test_warmup_rejects_unknown_layers():
         nvfp4_ops.warmup(layers=[(4096, 4096)], run=False)
 
 
+def test_a_repeated_warmup_runs_only_what_did_not_run(guard_reset, monkeypatch):
+    """With ``run``, a variant that already ran on this device is not run (nor listed) again,
+    unless its binary changed (the memory cache was cleared); the device side is stood in for,
+    so this runs on the CPU."""
+    import torch
+
+    from nvfp4_ops import _device, _warmup
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+
+    binaries, ran, triton = {}, [], []
+    monkeypatch.setattr(_warmup, "_ran", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(_device, "require_supported_gpu", lambda device: None)
+    monkeypatch.setattr(linear_cuda, "compiled",
+                        lambda config: binaries.setdefault(config.name, object()))
+    monkeypatch.setattr(linear_cuda, "run_once", lambda plan: ran.append(plan.config.name))
+    monkeypatch.setattr(moe_cuda, "warmup_triton",
+                        lambda h, k, tiles: triton.append((h, k)) or [f"triton_{h}_{k}"])
+    dense = nvfp4_ops.LinearLayer(4096, 4096, wfrag=True)
+    moe = nvfp4_ops.MoELayer(8, 256, 128, 6)
+    first = nvfp4_ops.warmup(layers=[dense], run=True)
+    assert first and sorted(ran) == sorted(first)
+    assert nvfp4_ops.warmup(layers=[dense], run=True) == [] and len(ran) == len(first)
+    both = nvfp4_ops.warmup(layers=[dense, moe], run=True)
+    assert both[-1] == "triton_256_6" and triton == [(256, 6)]
+    assert not set(both) & set(first)  # only the MoE's variants were new
+    assert nvfp4_ops.warmup(layers=[moe], run=True) == [] and triton == [(256, 6)]
+    binaries.clear()  # reloaded binaries (a cleared memory cache) run again
+    assert sorted(nvfp4_ops.warmup(layers=[dense], run=True)) == sorted(first)
+
+
 def test_a_later_warmup_may_compile_under_the_guard(guard_reset, tmp_path, monkeypatch):
     """The guard forbids compiles after warm-up, except in a later warm-up (a layer loaded
     after the first warmed its own): compile-only, a small dense layer."""
@@ -89,27 +121,20 @@ def test_no_compile_while_capturing_every_vllm_batch_size(guard_reset):
     new Triton variant."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from nvfp4_ops.testing import random_routing
+    from nvfp4_ops.testing import fast_random_experts, random_routing
 
     s = nvfp4_ops.get_shape("v4-flash")
     gen = torch.Generator(device="cuda").manual_seed(0)
     e, h, i = s.experts, s.hidden, s.intermediate
-
-    def codes(*shape):
-        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
-
-    def scales(*shape):
-        return (torch.rand(shape, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
-
-    w13, w2 = codes(e, 2 * i, h // 2), codes(e, h, i // 2)
-    nvfp4_ops.to_wperm_(w13)
-    nvfp4_ops.to_wperm_(w2)
-    experts = (w13, scales(e, 2 * i, h // 16), torch.full((e, 2), 1e-3, device="cuda"),
-               w2, scales(e, h, i // 16), torch.full((e,), 1e-3, device="cuda"))
+    moe_weights = fast_random_experts(e, h, i, device="cuda")
+    nvfp4_ops.to_wperm_(moe_weights.w13)
+    nvfp4_ops.to_wperm_(moe_weights.w2)
+    experts = moe_weights.args()
     dense = []
     for n, k in ((2 * s.shared_intermediate, h), (1536, h)):
-        dense.append((nvfp4_ops.to_wfrag_(codes(n, k // 2)), scales(n, k // 16),
-                      torch.full((n,), 1e-3, device="cuda")))
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+        ws = (torch.rand(n, k // 16, device="cuda", generator=gen) + 0.5).to(torch.float8_e4m3fn)
+        dense.append((nvfp4_ops.to_wfrag_(w), ws, torch.full((n,), 1e-3, device="cuda")))
     layers = [nvfp4_ops.MoELayer(e, h, i, s.top_k, wperm=True),
               *[nvfp4_ops.LinearLayer(w.shape[0], 2 * w.shape[1], wfrag=True)
                 for w, _, _ in dense]]

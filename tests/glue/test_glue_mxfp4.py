@@ -19,7 +19,7 @@ import traceback
 import cpu_standins
 import pytest
 import torch
-from dsv4_ckpt import EXPERTS, HIDDEN, LAYERS, MOE_INTER, VOCAB, Checkpoint, dequant_mxfp4
+from dsv4_ckpt import EXPERTS, HIDDEN, LAYERS, MOE_INTER, Checkpoint, dequant_mxfp4
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [
@@ -28,9 +28,18 @@ pytestmark = [
                        reason=f"CPU stand-ins are pinned to vLLM {cpu_standins.VLLM_VERSION}"),
 ]
 
-from test_glue_vllm import built_model, process  # noqa: E402  (after the version skip)
-
-TOKENS = 40
+from test_glue_vllm import (  # noqa: E402  (after the version skip)
+    TOKENS,
+    _inputs,
+    _layer,
+    _rel,
+    _routed,
+    assert_routed_close,
+    built_model,
+    expert_parallel_rank_uses_only_its_experts,
+    process,
+    wperm_in_place_and_exact,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +75,6 @@ def processed(engine):
     return engine
 
 
-def _ffn(model, layer):
-    return model.model.layers[layer].ffn
-
-
-def _routed(model, layer):
-    return _ffn(model, layer).experts.routed_experts
-
-
 def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
@@ -105,7 +106,7 @@ def test_vllm_selects_our_mxfp4_method(engine, vllm_cpu):
     assert qc.expert_dtype == "fp4" and qc.moe_quant_algo == ""
     for layer in range(LAYERS):
         assert type(_routed(engine["model"], layer).quant_method) is Mxfp4OpsFusedMoE
-        shared = _ffn(engine["model"], layer).shared_experts
+        shared = _layer(engine["model"], layer).shared_experts
         assert type(shared.gate_up_proj.quant_method).__name__ == "Fp8LinearMethod"
     assert any("MXFP4" in line and "NVFP4_OPS_MXFP4=0" in line for line in vllm_cpu)
 
@@ -187,29 +188,6 @@ def test_conversion_is_exact_in_place_and_frees_the_e8m0_scales(processed):
         assert rx.w13_weight_global[:, :MOE_INTER].unique().numel() > 2
 
 
-def _inputs(ckpt, layer, seed):
-    """bf16 hidden states whose biased top-k has a clear margin (no near-ties to flip)."""
-    gen = torch.Generator().manual_seed(seed)
-    xs, ids = [], []
-    while sum(len(x) for x in xs) < TOKENS:
-        x = torch.randn(64, HIDDEN, generator=gen).to(torch.bfloat16)
-        tok = torch.randint(0, VOCAB, (64,), generator=gen)
-        _, _, margin = ckpt.route(layer, x, tok)
-        keep = margin > 0.02
-        xs.append(x[keep])
-        ids.append(tok[keep])
-    return torch.cat(xs)[:TOKENS], torch.cat(ids)[:TOKENS]
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
-    exp = torch.floor(torch.log2(t.abs().clamp(min=2.0**-100)))
-    return torch.exp2(exp - 7)
-
-
 @pytest.mark.parametrize("layer", range(LAYERS))
 def test_routed_experts_exact_vs_independent_reference(processed, layer):
     """vLLM's RoutedExperts.forward_modular -> our apply -> nvfp4::moe, given the reference's
@@ -222,14 +200,7 @@ def test_routed_experts_exact_vs_independent_reference(processed, layer):
     with torch.no_grad():
         out = _routed(model, layer).forward_modular(x, w.float(), ids.to(torch.int32))
     want = ckpt.routed_reference(layer, x, ids, w, bf16_activation=True)
-    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
-    diff = (out.float() - want).abs()
-    over = diff > _bf16_ulp(want) + 4e-3 * want.abs().max()
-    beyond_ulp = int((diff > _bf16_ulp(want)).sum())
-    assert not over.any() and beyond_ulp <= diff.numel() // 1000, (
-        f"{int(over.sum())} outputs beyond tolerance, {beyond_ulp} of {diff.numel()} beyond "
-        f"1 bf16 ulp; max abs diff {diff.max():.3e}, rel L2 {_rel(out, want):.2e}")
-    assert _rel(out, want.to(torch.bfloat16)) < 1e-3
+    assert_routed_close(out, want)
 
 
 @pytest.mark.parametrize("layer", range(LAYERS))
@@ -242,42 +213,14 @@ def test_ffn_forward_matches_independent_reference(processed, layer):
     ids, w, _ = ckpt.route(layer, x, tok)
     want = ckpt.routed_reference(layer, x, ids, w) + ckpt.shared_reference(layer, x)
     with set_forward_context(None, vc), torch.no_grad():
-        got = _ffn(model, layer)(x.clone(), tok)
+        got = _layer(model, layer)(x.clone(), tok)
     assert got.dtype == torch.bfloat16 and got.shape == (TOKENS, HIDDEN)
     assert torch.isfinite(got).all()
     assert _rel(got, want) < 1e-2
 
 
 def test_expert_parallel_rank_uses_only_its_experts(processed):
-    """EP: a rank holding experts [4, 8) (linear placement -> expert_start) or a round-robin
-    set (id remap) of 8 adds only its own experts' contributions."""
-    from types import SimpleNamespace
-
-    full = _routed(processed["model"], 1)
-    method = full.quant_method
-    x, tok = _inputs(processed["ckpt"], 1, seed=800)
-    ids, w, _ = processed["ckpt"].route(1, x, tok)
-    ids = ids.to(torch.int32)
-    names = ("w13_weight", "w13_weight_scale", "w13_weight_global", "w2_weight",
-             "w2_weight_scale", "w2_weight_global")
-    for local in ([4, 5, 6, 7], [1, 3, 5, 7]):
-        emap = torch.full((EXPERTS,), -1, dtype=torch.int32)
-        emap[local] = torch.arange(len(local), dtype=torch.int32)
-        sel = torch.tensor(local)
-        shard = SimpleNamespace(expert_map=emap, global_num_experts=EXPERTS,
-                                swiglu_limit=full.swiglu_limit,
-                                **{n: getattr(full, n)[sel] for n in names})
-        method._setup_expert_range(shard)
-        try:
-            assert (method.global_to_local is None) == (local == [4, 5, 6, 7])
-            assert method.expert_start == (4 if local == [4, 5, 6, 7] else 0)
-            got = method.apply(shard, x, w.float(), ids, None, None)
-        finally:
-            method._setup_expert_range(full)
-        mine = torch.isin(ids, sel)
-        want = method.apply(full, x, torch.where(mine, w, 0.0).float(), ids, None, None)
-        assert torch.equal(got, want), local
-        assert not torch.equal(got, method.apply(full, x, w.float(), ids, None, None))
+    expert_parallel_rank_uses_only_its_experts(processed, seed=800)
 
 
 def test_unrepresentable_tensor_is_refused_at_load(vllm_cpu, tmp_path):
@@ -341,39 +284,10 @@ def test_switch_off_keeps_vllms_mxfp4_method(vllm_cpu, tmp_path, monkeypatch):
 
 def test_wperm_after_conversion_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
     """``NVFP4_OPS_MOE_WPERM=1`` (what CUDA does by default at V4 sizes): the scales are
-    converted from the checkpoint-order codes, then the codes are permuted in place (same
-    storage); the routed experts give bitwise the checkpoint-order answer."""
-    from types import SimpleNamespace
-
-    from nvfp4_ops.kernels.wperm import to_wperm
-
+    converted from the checkpoint-order codes, then the codes are permuted in place; the
+    routed experts give bitwise the checkpoint-order answer, close to the MXFP4 reference."""
     monkeypatch.setenv("NVFP4_OPS_MOE_WPERM", "1")
     ckpt = Checkpoint("mxfp4", seed=34)
-    with built_model(ckpt, "native", str(tmp_path)) as eng:
-        rx = _routed(eng["model"], 1)
-        before = {n: getattr(rx, n).detach().clone() for n in ("w13_weight", "w2_weight")}
-        ptrs = {n: getattr(rx, n).data_ptr() for n in before}
-        process(eng)
-        method = rx.quant_method
-        assert method.wperm is True
-        for n, b in before.items():
-            assert getattr(rx, n).data_ptr() == ptrs[n]
-            assert torch.equal(getattr(rx, n), to_wperm(b))
-        x, tok = _inputs(ckpt, 1, seed=900)
-        ids, w, _ = ckpt.route(1, x, tok)
-        ids = ids.to(torch.int32)
-        with torch.no_grad():
-            got = method.apply(rx, x, w.float(), ids, None, None)
-            plain = SimpleNamespace(
-                global_num_experts=rx.global_num_experts, swiglu_limit=rx.swiglu_limit,
-                w13_weight=before["w13_weight"], w2_weight=before["w2_weight"],
-                **{n: getattr(rx, n) for n in ("w13_weight_scale", "w13_weight_global",
-                                               "w2_weight_scale", "w2_weight_global")})
-            method.wperm = False
-            try:
-                want = method.apply(plain, x, w.float(), ids, None, None)
-            finally:
-                method.wperm = True
-        assert torch.isfinite(want).all() and torch.equal(got, want)
-        ref = ckpt.routed_reference(1, x, ids, w, bf16_activation=True)
-        assert _rel(got, ref.to(torch.bfloat16)) < 1e-3
+    got, x, ids, w = wperm_in_place_and_exact(ckpt, str(tmp_path), seed=900)
+    ref = ckpt.routed_reference(1, x, ids, w, bf16_activation=True)
+    assert _rel(got, ref.to(torch.bfloat16)) < 1e-3

@@ -343,6 +343,14 @@ def test_routed_experts_exact_vs_reference(processed, layer):
     with torch.no_grad():
         out.copy_(_routed(model, layer).forward_modular(x, w.float(), ids.to(torch.int32)))
     want = ckpt.routed_reference(layer, x, ids, w, bf16_activation=True)
+    assert_routed_close(out, want)
+
+
+def assert_routed_close(out: torch.Tensor, want: torch.Tensor) -> None:
+    """The routed experts' bf16 output against the fp32 reference of the same routing: within
+    one bf16 ulp but for rare fp32-order flips, and 1e-3 relative L2 of the reference rounded
+    to bf16 once."""
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     diff = (out.float() - want).abs()
     # fp32 order can flip the bf16 rounding of an intermediate SwiGLU value; such a flip
     # moves an output by ~|w2| * ulp(h), far below 0.4% of the output range.
@@ -378,29 +386,31 @@ def test_bad_global_scale_fails_loudly(vllm_cpu, tmp_path, bad):
             process(eng)
 
 
-def test_expert_parallel_rank_uses_only_its_experts(processed):
-    """EP: a rank holding experts [4, 8) of 8 gets global ids and adds only its experts'
-    contributions (vLLM's linear placement -> expert_start; round robin -> id remap)."""
+def expert_parallel_rank_uses_only_its_experts(engine, seed: int) -> None:
+    """EP on layer 1 of a processed model: a rank holding experts [4, 8) of 8 (vLLM's linear
+    placement -> ``expert_start``) or a round-robin set (-> id remap) gets global ids and adds
+    only its own experts' contributions."""
     from types import SimpleNamespace
 
-    model = processed["model"]
-    full = _routed(model, 1)
+    full = _routed(engine["model"], 1)
     method = full.quant_method
-    x, tok = _inputs(processed["ckpt"], 1, seed=300)
-    ids, w, _ = processed["ckpt"].route(1, x, tok)
+    x, tok = _inputs(engine["ckpt"], 1, seed=seed)
+    ids, w, _ = engine["ckpt"].route(1, x, tok)
     ids = ids.to(torch.int32)
+    # the codes and every scale parameter of the layer, sliced to the rank's experts
+    names = ("w13_weight", "w2_weight",
+             *(n for n, _ in full.named_parameters(recurse=False) if "_weight_" in n))
     for local in ([4, 5, 6, 7], [1, 3, 5, 7]):
         emap = torch.full((EXPERTS,), -1, dtype=torch.int32)
         emap[local] = torch.arange(len(local), dtype=torch.int32)
         sel = torch.tensor(local)
-        shard = SimpleNamespace(
-            expert_map=emap, global_num_experts=EXPERTS, swiglu_limit=full.swiglu_limit,
-            **{n: getattr(full, n)[sel] for n in (
-                "w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight",
-                "w2_weight_scale", "w2_weight_scale_2")})
+        shard = SimpleNamespace(expert_map=emap, global_num_experts=EXPERTS,
+                                swiglu_limit=full.swiglu_limit,
+                                **{n: getattr(full, n)[sel] for n in names})
         method._setup_expert_range(shard)
         try:
             assert (method.global_to_local is None) == (local == [4, 5, 6, 7])
+            assert method.expert_start == (4 if local == [4, 5, 6, 7] else 0)
             got = method.apply(shard, x, w.float(), ids, None, None)
         finally:
             method._setup_expert_range(full)
@@ -410,17 +420,20 @@ def test_expert_parallel_rank_uses_only_its_experts(processed):
         assert not torch.equal(got, method.apply(full, x, w.float(), ids, None, None))
 
 
-def test_wperm_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
-    """``NVFP4_OPS_MOE_WPERM=1``: post-load processing permutes the experts' codes in place
-    (same storage, no copy) into the ``wperm`` bit order, and the routed experts then give
-    bitwise the checkpoint-order answer (the CPU reference undoes the order exactly)."""
+def test_expert_parallel_rank_uses_only_its_experts(processed):
+    expert_parallel_rank_uses_only_its_experts(processed, seed=300)
+
+
+def wperm_in_place_and_exact(ckpt: Checkpoint, directory: str, seed: int):
+    """With ``NVFP4_OPS_MOE_WPERM=1`` set: build and process ``ckpt``; post-load processing
+    permutes layer 1's expert codes in place (same storage, no copy) into the ``wperm`` bit
+    order, and the routed experts then give bitwise the checkpoint-order answer (the CPU
+    reference undoes the order exactly). Returns ``(got, x, ids, weights)`` of that call."""
     from types import SimpleNamespace
 
     from nvfp4_ops.kernels.wperm import to_wperm
 
-    monkeypatch.setenv("NVFP4_OPS_MOE_WPERM", "1")
-    ckpt = Checkpoint("modelopt", seed=13)
-    with built_model(ckpt, "native", str(tmp_path)) as eng:
+    with built_model(ckpt, "native", directory) as eng:
         rx = _routed(eng["model"], 1)
         before = {n: getattr(rx, n).detach().clone() for n in ("w13_weight", "w2_weight")}
         ptrs = {n: getattr(rx, n).data_ptr() for n in before}
@@ -430,22 +443,28 @@ def test_wperm_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
         for n, b in before.items():
             assert getattr(rx, n).data_ptr() == ptrs[n]
             assert torch.equal(getattr(rx, n), to_wperm(b))
-        x, tok = _inputs(ckpt, 1, seed=500)
+        x, tok = _inputs(ckpt, 1, seed=seed)
         ids, w, _ = ckpt.route(1, x, tok)
         ids = ids.to(torch.int32)
+        # the same layer with the checkpoint-order codes: every scale parameter it holds
+        scales = {n: p for n, p in rx.named_parameters(recurse=False) if "_weight_" in n}
         with torch.no_grad():
             got = method.apply(rx, x, w.float(), ids, None, None)
             plain = SimpleNamespace(
                 global_num_experts=rx.global_num_experts, swiglu_limit=rx.swiglu_limit,
-                w13_weight=before["w13_weight"], w2_weight=before["w2_weight"],
-                **{n: getattr(rx, n) for n in ("w13_weight_scale", "w13_weight_scale_2",
-                                               "w2_weight_scale", "w2_weight_scale_2")})
+                w13_weight=before["w13_weight"], w2_weight=before["w2_weight"], **scales)
             method.wperm = False
             try:
                 want = method.apply(plain, x, w.float(), ids, None, None)
             finally:
                 method.wperm = True
         assert torch.isfinite(want).all() and torch.equal(got, want)
+    return got, x, ids, w
+
+
+def test_wperm_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("NVFP4_OPS_MOE_WPERM", "1")
+    wperm_in_place_and_exact(Checkpoint("modelopt", seed=13), str(tmp_path), seed=500)
 
 
 def test_fused_shards_load_in_any_order(vllm_cpu, tmp_path):
@@ -547,20 +566,20 @@ def test_every_prepared_layer_is_warmed_from_its_own_sizes(vllm_cpu, tmp_path, m
     assert all(dev == "cpu" for _, dev in seen)
 
 
-def test_warm_layer_runs_once_per_description_on_cuda_only(vllm_cpu, monkeypatch):
+def test_warm_layer_warms_cuda_weights_only(vllm_cpu, monkeypatch):
+    """The glue warms on CUDA only, and not with the reference backend; a layer whose
+    variants all ran before (``nvfp4_ops.warmup`` returns none) reports nothing new."""
     import model_glue.warm as warm
     import nvfp4_ops
 
     calls = []
-    monkeypatch.setattr(warm, "_warmed", set())
-    monkeypatch.setattr(nvfp4_ops, "warmup", lambda layers: calls.append(layers) or ["k1", "k2"])
+    results = iter([["k1", "k2"], []])
+    monkeypatch.setattr(nvfp4_ops, "warmup",
+                        lambda layers, run: calls.append((layers, run)) or next(results))
     a = nvfp4_ops.LinearLayer(256, 512, wfrag=True)
-    b = nvfp4_ops.MoELayer(experts=8, hidden=256, inter=128, top_k=2, wperm=True)
     assert warm.warm_layer(a, torch.device("cpu")) is False and calls == []
     assert warm.warm_layer(a, torch.device("cuda", 0)) is True
     assert warm.warm_layer(a, torch.device("cuda", 0)) is False
-    assert warm.warm_layer(b, torch.device("cuda", 0)) is True
-    assert calls == [[a], [b]] and warm.warmed() == {a, b}
+    assert calls == [([a], True), ([a], True)]
     monkeypatch.setenv("NVFP4_OPS_BACKEND", "reference")
-    c = nvfp4_ops.LinearLayer(512, 512)
-    assert warm.warm_layer(c, torch.device("cuda", 0)) is False and len(calls) == 2
+    assert warm.warm_layer(a, torch.device("cuda", 0)) is False and len(calls) == 2
