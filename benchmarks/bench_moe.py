@@ -810,11 +810,12 @@ class HummingMoE:
             full = hm["get_heuristics_config"](layer_config=cfg, use_f16_accum=False,
                                                use_batch_invariant=False,
                                                gemm_type=hm["GemmType"](gemm_type))
-            # vLLM picks its block size with lo < m <= hi; Humming's launcher looked the same
-            # m up with the other boundary convention and refused a list holding only those
-            # entries ("shape_m is not within any range"), so keep both entries at a boundary
+            # Humming's launcher looks up m = 1 first (its base kernel's metadata), then the
+            # call's valid_shape_m, both with lo < m <= hi: a list without the entry for m = 1
+            # is refused ("shape_m is not within any range defined in configs"), so keep it,
+            # and keep both entries at a boundary
             picked = [entry for entry in full
-                      if any(entry[0] <= m <= entry[1] for m in valid_ms)]
+                      if any(entry[0] <= m <= entry[1] for m in (1, *valid_ms))]
             self.tuning[name] = (json.dumps(picked), picked, len(full))
         # the bench stops calling it after two failures before any success
         self.succeeded, self.failures, self.disabled = False, 0, None

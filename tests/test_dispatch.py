@@ -4,6 +4,7 @@ tile, the fallbacks, the MoE plan, the weight orders, and the import structure (
 from __future__ import annotations
 
 import ast
+import math
 import os
 from pathlib import Path
 
@@ -191,6 +192,28 @@ def test_moe_block_m_rule():
     assert D.moe_block_m(6 * 4096, 256) == 128
     assert D.moe_block_m(6 * 16384, 256) == 256
     assert all(D.moe_block_m(n, 256) in D.BLOCK_MS for n in range(0, 10**5, 997))
+    # the cells where the measured best tile is larger than the mean rows per expert
+    # (benchmarks/results/moe_tiles_h200.log): V4-Pro T = 512 / 1024 / 2048, V4-Flash T = 256
+    assert D.moe_block_m(6 * 512, 384) == 16
+    assert D.moe_block_m(6 * 1024, 384) == 32
+    assert D.moe_block_m(6 * 2048, 384) == 64
+    assert D.moe_block_m(6 * 4096, 384) == 64
+    assert D.moe_block_m(6 * 256, 256) == 16
+    assert D.moe_block_m(6 * 1024, 256) == 32
+
+
+def test_expected_tiles_is_the_poisson_mean_of_the_ceiling():
+    assert D.expected_tiles(0.0, 8) == 0.0
+    # a tile larger than any count: P(X > 0)
+    for mean in (0.5, 3.0, 20.0):
+        assert D.expected_tiles(mean, 10**6) == pytest.approx(1 - math.exp(-mean), rel=1e-9)
+    # one-row tiles: E[X]
+    assert D.expected_tiles(37.0, 1) == pytest.approx(37.0, rel=1e-9)
+    # mean 8 over 8-row tiles: ~45 % of the experts need a second tile
+    assert 1.4 < D.expected_tiles(8.0, 8) < 1.5
+    assert D.expected_tiles(200.0, 64) == pytest.approx(
+        sum(math.exp(x * math.log(200.0) - 200.0 - math.lgamma(x + 1)) * -(-x // 64)
+            for x in range(1, 600)), rel=1e-9)
     # every size moe_supported accepts (H, I multiples of 128) has a kernel at every tile
     for hidden_size, inter in [(4096, 2048), (7168, 3072), (256, 128), (384, 640)]:
         for bm in D.BLOCK_MS:

@@ -9,6 +9,7 @@
 #             (humming-kernels for bench_moe) into /tmp/site when present
 #   moe       the MoE-side GPU tests: moe, MXFP4, routing, load-time preparation, warm-up,
 #             validation, compile / AOT graphs
+#   profile   benchmarks/dev/host_split.py: an eager call's host time by function
 #   dense     the dense GPU tests: linear, wfrag, stream-K
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
@@ -55,10 +56,9 @@ for part in "$@"; do
     rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
       # shellcheck disable=SC2086
       tests rerun 300 $RERUN ;;
-    profile)  # where an eager call spends its host time
-      timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager --cprofile --reps 100 \
-        >"$out/profile_eager.log" 2>&1
-      echo "== profile rc=$?"; grep -A 34 "cProfile over" "$out/profile_eager.log" | cut -c1-150 ;;
+    profile)  # where an eager call spends its host time, function by function
+      timeout -s KILL 300 python3 benchmarks/dev/host_split.py >"$out/host_split.log" 2>&1
+      echo "== profile rc=$?"; cut -c1-110 "$out/host_split.log" ;;
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     eager)  # the eager half of overhead only

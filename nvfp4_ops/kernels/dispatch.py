@@ -10,10 +10,10 @@ The rules, in the order they are applied (the measurements behind each are in
 
 =====================  ===========================================================================
 token tile             dense: the smallest of 8/16/32/64 that holds M, then 128 up to 256 tokens,
-                       256 beyond (:func:`dense_block_m`). MoE: the smallest tile holding the
-                       *mean* rows per local expert (:func:`moe_block_m`) of the rank's
-                       expected share of the slots (:func:`local_slots`), lowered to one both
-                       grouped GEMMs cover.
+                       256 beyond (:func:`dense_block_m`). MoE: the tile of least expected cost
+                       (tiles each expert needs under uniform routing x the measured cost of
+                       a tile, :func:`moe_block_m`) for the rank's expected share of the
+                       slots (:func:`local_slots`), lowered to one both grouped GEMMs cover.
 family                 8-token tiles: the streamed decode kernel (``w4a16_stream``); dense 16/32:
                        ``mma.sync`` (``w4a16_gemm``); grouped 16/32 and everything from 64:
                        WGMMA (``w4a16_wgmma``). A family that does not cover the shape falls back
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +51,14 @@ from nvfp4_ops.kernels.triton.moe_routing import padded_rows
 
 __all__ = [
     "BLOCK_MS",
+    "MOE_TILE_COST",
     "GemmPlan",
     "MoEPlan",
     "WeightOrder",
     "dense_block_m",
     "gemm_supported",
     "local_slots",
+    "expected_tiles",
     "moe_block_m",
     "moe_supported",
     "moe_act_orders",
@@ -123,6 +126,10 @@ DENSE_MAX_M_TILES = 16
 #: V4 decode T = 1 has 6) run the streamed kernel with :data:`PERSIST_CTAS` persistent CTAs
 PERSIST_MAX_TILES = 8
 PERSIST_CTAS = 3 * NUM_SMS
+#: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
+#: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
+#: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md, "The MoE's token tile")
+MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
 #: stream-K WGMMA tiles on prepared dense weights: ``block_m -> (row_wgs, CTAs per SM)``
 STREAMK_TILES = {16: (1, 3), 32: (1, 3), 128: (2, 1)}
 #: ring stages of the stream-K tiles (128 k per stage)
@@ -211,16 +218,37 @@ def local_slots(num_slots: int, num_experts: int, global_num_experts: int = -1) 
     return float(num_slots)
 
 
+def expected_tiles(mean_rows: float, block_m: int) -> float:
+    """``E[ceil(X / block_m)]`` for ``X ~ Poisson(mean_rows)``: the token tiles one expert needs
+    on average when its rows arrive as uniform routing spreads them (an expert with no row
+    needs none). Summed in log space over the terms that matter (``mean +- 10 sd``)."""
+    if mean_rows <= 0:
+        return 0.0
+    sd = math.sqrt(mean_rows)
+    lo, hi = max(0, int(mean_rows - 10 * sd - 10)), int(mean_rows + 10 * sd + 10)
+    log_mean = math.log(mean_rows)
+    total = 0.0
+    for x in range(max(1, lo), hi + 1):
+        total += math.exp(x * log_mean - mean_rows - math.lgamma(x + 1)) * -(-x // block_m)
+    return total
+
+
+@functools.cache
 def moe_block_m(num_slots: float, num_experts: int) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
-    ``num_experts`` local experts: the smallest tile that holds the mean rows per expert (256
-    beyond). 8-token tiles run the streamed kernel (a tile per used expert, its weights
-    streamed once), 16-256 WGMMA."""
+    ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least expected cost,
+    :func:`expected_tiles` of the mean rows per expert times :data:`MOE_TILE_COST` (256
+    beyond four 256-row tiles per expert, where padding no longer matters). 8-token tiles run
+    the streamed kernel (a tile per used expert, its weights streamed once), 16-256 WGMMA.
+
+    Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
+    8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
+    one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md, "The MoE's token tile").
+    """
     mean = num_slots / max(1, num_experts)
-    for block_m in BLOCK_MS:
-        if mean <= block_m:
-            return block_m
-    return BLOCK_MS[-1]
+    if mean >= 4 * BLOCK_MS[-1]:
+        return BLOCK_MS[-1]
+    return min(BLOCK_MS, key=lambda bm: expected_tiles(mean, bm) * MOE_TILE_COST[bm])
 
 
 def gemm_supported(n_out: int, k: int) -> bool:

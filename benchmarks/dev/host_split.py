@@ -1,0 +1,143 @@
+"""Where an eager call's host time goes, function by function (a diagnostic, CUDA only).
+
+Wraps the functions an eager ``nvfp4_ops.moe`` / ``nvfp4_ops.linear`` call passes through
+with ``perf_counter_ns`` timers (inclusive times: a wrapped function's time includes the
+wrapped functions it calls), runs ``--calls`` eager calls of each case of
+``bench_overhead.py`` and prints the mean µs per call of each wrapped function, next to the
+whole call's host time with and without the wrappers (their own cost shows as the
+difference). Triton launches are timed per kernel through ``JITFunction.run``; CuTeDSL
+binaries through the callable ``linear_cuda.compiled`` returns.
+
+    python benchmarks/dev/host_split.py [--calls 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_totals: dict[str, int] = collections.defaultdict(int)
+_counts: dict[str, int] = collections.defaultdict(int)
+
+
+def _timed(name, fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _totals[name] += time.perf_counter_ns() - t0
+            _counts[name] += 1
+
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def _patch(module: str, attr: str, label: str | None = None) -> None:
+    mod = importlib.import_module(module)
+    setattr(mod, attr, _timed(label or f"{module.rsplit('.', 1)[-1]}.{attr}",
+                              getattr(mod, attr)))
+
+
+def install() -> None:
+    import triton
+
+    from nvfp4_ops.kernels import linear_cuda, moe_cuda
+
+    for module, attr in [
+        ("nvfp4_ops.ops._eager", "direct"),
+        ("nvfp4_ops.ops.moe", "_check"),
+        ("nvfp4_ops.ops.linear", "_check"),
+        ("nvfp4_ops._device", "require_supported_gpu"),
+        ("nvfp4_ops.kernels", "cuda_kernel"),
+        ("nvfp4_ops.kernels.dispatch", "plan_moe"),
+        ("nvfp4_ops.kernels.dispatch", "plan_linear"),
+        ("nvfp4_ops.kernels.moe_cuda", "moe_routing"),
+        ("nvfp4_ops.kernels.moe_cuda", "gather_rows"),
+        ("nvfp4_ops.kernels.moe_cuda", "combine"),
+        ("nvfp4_ops.kernels.moe_cuda", "moe_forward"),
+        ("nvfp4_ops.kernels.linear_cuda", "run_gemm"),
+        ("nvfp4_ops.kernels.linear_cuda", "streamk_workspace"),
+    ]:
+        try:
+            _patch(module, attr)
+        except AttributeError:
+            print(f"(no {module}.{attr})")
+    # moe_forward binds run_gemm as a default argument
+    kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
+    kw["gemm"] = linear_cuda.run_gemm
+    compiled = linear_cuda.compiled
+    binaries: dict[int, object] = {}
+
+    def timed_compiled(config):
+        fn = compiled(config)
+        wrapped = binaries.get(id(fn))
+        if wrapped is None:
+            wrapped = binaries[id(fn)] = _timed(f"binary {type(config).__name__}", fn)
+        return wrapped
+
+    linear_cuda.compiled = _timed("linear_cuda.compiled (lookup + binary)", timed_compiled)
+    run = triton.runtime.jit.JITFunction.run
+
+    def timed_run(self, *args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            name = f"triton {self.fn.__name__}"
+            _totals[name] += time.perf_counter_ns() - t0
+            _counts[name] += 1
+
+    triton.runtime.jit.JITFunction.run = timed_run
+
+
+def _host_us(fn, calls: int) -> float:
+    times = []
+    for i in range(calls):
+        if i % 50 == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t0)
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] / 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=500)
+    args = p.parse_args(argv)
+    from bench_overhead import _cases
+
+    cases = _cases()
+    for fn in cases.values():
+        for _ in range(5):
+            fn()
+    torch.cuda.synchronize()
+    plain = {name: _host_us(fn, args.calls) for name, fn in cases.items()}
+    install()
+    for name, fn in cases.items():
+        for _ in range(3):
+            fn()
+        _totals.clear()
+        _counts.clear()
+        wrapped = _host_us(fn, args.calls)
+        print(f"--- {name}: host median {plain[name]:.1f} µs plain, {wrapped:.1f} µs wrapped;"
+              f" mean µs per call (inclusive), calls per call")
+        for key in sorted(_totals, key=_totals.get, reverse=True):
+            print(f"  {key:44s} {_totals[key] / 1e3 / args.calls:8.1f} "
+                  f"{_counts[key] / args.calls:5.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The MoE's token tile, measured: every tile the grouped GEMMs cover, per cell (CUDA only).
+
+For each shape, T, routing and EP slice, times the whole op (routing, gather, both GEMMs,
+combine; ``moe_cuda.moe_forward``) at every ``block_m`` the dispatch could choose
+(``dispatch.plan_moe(block_m=...)``), one call per CUDA-graph replay with a read flush, and
+prints the µs per tile next to the tile the policy picks (``*``) and the tiles the routing
+really needs (``sum_e ceil(rows_e / block_m)``). Tiles not precompiled are compiled first
+(slow): run ``python -m nvfp4_ops precompile --shape v4-flash --shape v4-pro`` before.
+
+    python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
+        --routing uniform skew --ep 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _timing import l2_flush, time_one_call  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    import nvfp4_ops
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.testing import ep_slice, fast_random_experts, make_routing, moe_cost
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["v4-flash", "v4-pro"])
+    p.add_argument("--tokens", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096])
+    p.add_argument("--routing", nargs="+", default=["uniform", "skew"])
+    p.add_argument("--ep", nargs="+", type=int, default=[1])
+    p.add_argument("--tiles", nargs="+", type=int, default=list(dispatch.BLOCK_MS))
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
+    args = p.parse_args(argv)
+    flush = l2_flush("read")
+    t_start = time.monotonic()
+    rows = []
+    for shape_name in args.shapes:
+        s = nvfp4_ops.get_shape(shape_name)
+        h, i, e, k = s.hidden, s.intermediate, s.experts, s.top_k
+        full = fast_random_experts(e, h, i, device="cuda")
+        nvfp4_ops.to_wperm_(full.w13)
+        nvfp4_ops.to_wperm_(full.w2)
+        for ep in args.ep:
+            start, local = ep_slice(e, ep)
+            w = [t[start:start + local] for t in full.args()]
+            for num_tokens in args.tokens:
+                for routing in args.routing:
+                    if args.time_limit and time.monotonic() - t_start > args.time_limit:
+                        print("time limit reached")
+                        break
+                    ids, weights = make_routing(routing, num_tokens, e, k, seed=1)
+                    ids, weights = ids.cuda(), weights.cuda()
+                    hidden = torch.randn(num_tokens, h, device="cuda").to(torch.bfloat16)
+                    flat = ids.reshape(-1).long() - start
+                    counts = torch.bincount(flat[(flat >= 0) & (flat < local)],
+                                            minlength=local)
+                    cost = moe_cost(ids, h, i, expert_start=start, local_experts=local)
+                    policy = dispatch.plan_moe(num_tokens, k, local, h, i, global_num_experts=e,
+                                               order=dispatch.WeightOrder.WPERM)
+                    cells = {}
+                    for bm in args.tiles:
+                        try:
+                            plan = dispatch.plan_moe(num_tokens, k, local, h, i,
+                                                     global_num_experts=e, block_m=bm,
+                                                     order=dispatch.WeightOrder.WPERM)
+                        except ValueError:
+                            continue
+                        if plan is None or plan.block_m != bm:
+                            continue
+
+                        call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
+                                                 *w, start, s.swiglu_limit, 1.0, plan=plan)
+
+                        try:
+                            cells[bm] = time_one_call(call, args.reps, flush)
+                        except Exception as exc:  # noqa: BLE001 - report and go on
+                            print(f"  bm {bm}: {type(exc).__name__}: {exc}"[:200])
+                    need = {bm: int(((counts + bm - 1) // bm).sum()) for bm in cells}
+                    best = min(cells, key=cells.get) if cells else None
+                    line = " ".join(
+                        f"{bm:>3d}{'*' if bm == policy.block_m else ' '}{cells[bm]:8.1f}"
+                        f"[{need[bm]}]" for bm in cells)
+                    print(f"{shape_name} ep{ep} T={num_tokens:<5d} {routing:7s} "
+                          f"max/mean rows {int(counts.max())}/{counts.float().mean():.1f} "
+                          f"roof {cost.roofline_us:7.1f}  {line}  best {best}", flush=True)
+                    rows.append((shape_name, ep, num_tokens, routing, policy.block_m, best,
+                                 cells.get(policy.block_m), cells.get(best)))
+    print("\nshape     ep  T      routing  policy  best  policy_us  best_us  gain")
+    for shape_name, ep, t, routing, pol, best, pus, bus in rows:
+        if pus and bus:
+            print(f"{shape_name:9s} {ep:<3d} {t:<6d} {routing:8s} {pol:<7d} {best:<5d} "
+                  f"{pus:9.1f} {bus:8.1f} {pus / bus:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
