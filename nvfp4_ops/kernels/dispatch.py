@@ -128,7 +128,7 @@ PERSIST_MAX_TILES = 8
 PERSIST_CTAS = 3 * NUM_SMS
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
-#: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md, "The MoE's token tile")
+#: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
 MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
 #: stream-K WGMMA tiles on prepared dense weights: ``block_m -> (row_wgs, CTAs per SM)``
 STREAMK_TILES = {16: (1, 3), 32: (1, 3), 128: (2, 1)}
@@ -243,7 +243,7 @@ def moe_block_m(num_slots: float, num_experts: int) -> int:
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
     8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
-    one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md, "The MoE's token tile").
+    one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md section 8, "The token tile: least expected cost").
     """
     mean = num_slots / max(1, num_experts)
     if mean >= 4 * BLOCK_MS[-1]:
