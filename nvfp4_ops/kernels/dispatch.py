@@ -243,7 +243,8 @@ def moe_block_m(num_slots: float, num_experts: int) -> int:
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
     8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
-    one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md section 8, "The token tile: least expected cost").
+    one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md section 8, "The token
+    tile: least expected cost").
     """
     mean = num_slots / max(1, num_experts)
     if mean >= 4 * BLOCK_MS[-1]:
