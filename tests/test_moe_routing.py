@@ -57,9 +57,15 @@ def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing
     sorted_slots = routing.sorted_slots.cpu().tolist()
     tile_expert = routing.tile_expert.cpu().tolist()
     slot_row = routing.slot_row.cpu().tolist()
-    for t in (routing.sorted_slots, routing.expert_offsets, routing.tile_expert,
-              routing.slot_row):
+    tensors = (routing.sorted_slots, routing.expert_offsets, routing.tile_expert,
+               routing.slot_row, routing.tile_rows)
+    for t in tensors:
         assert t.dtype == torch.int32
+        # views of one allocation, each 16-byte aligned like a fresh one (the kernels'
+        # pointer specialisation must not change) and not overlapping another
+        assert t.is_contiguous() and t.data_ptr() % 16 == 0
+    spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in tensors)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
     assert len(sorted_slots) == num_rows and num_rows % block_m == 0
     assert offsets[-1] <= num_rows, "static bound P too small"
     assert routing.expert_offsets.cpu().tolist() == offsets

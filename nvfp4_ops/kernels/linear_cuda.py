@@ -31,6 +31,7 @@ __all__ = [
     "compile_function",
     "compiled",
     "gate_up_global_view",
+    "launch_gemm",
     "linear",
     "mlp",
     "per_group_global_view",
@@ -245,7 +246,8 @@ def run_gemm(
     workspace: StreamKWorkspace | None = None,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the token tile's
-    group ``g``, with the kernel and config of ``plan``.
+    group ``g``, with the kernel and config of ``plan``: the arguments checked against the plan,
+    then :func:`launch_gemm`.
 
     Args:
         plan: from :mod:`nvfp4_ops.kernels.dispatch` for these sizes (its ``act_order`` is the
@@ -296,6 +298,34 @@ def run_gemm(
     if tile_rows is not None and (tile_expert is None or tile_rows.dtype != torch.int32
                                   or tile_rows.shape != tile_expert.shape):
         raise ValueError("tile_rows must be int32 shaped like tile_expert (grouped calls only)")
+    launch_gemm(plan, a, w, w_scale, w_global, out, tile_expert=tile_expert,
+                tile_rows=tile_rows, row_scale=row_scale, bias=bias, swiglu_limit=swiglu_limit,
+                workspace=workspace)
+
+
+def launch_gemm(
+    plan: GemmPlan,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    w_global: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    tile_expert: torch.Tensor | None = None,
+    tile_rows: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    workspace: StreamKWorkspace | None = None,
+) -> None:
+    """:func:`run_gemm` without its argument checks: the ops' launch path, whose arguments the
+    op validated and whose buffers it built for the plan (an eager call pays every host
+    microsecond). ``w_global`` the kernels' ``[G, H2, N / H2]`` view; otherwise as
+    :func:`run_gemm`."""
+    cfg = plan.config
+    if w.dim() == 2:
+        w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
+    num_rows = a.shape[0]
     if num_rows == 0:
         return
     dev = a.device
@@ -351,7 +381,7 @@ def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
     # a view, no copy: an expand-copy per call costs a kernel
     w_global = (per_group_global_view(global_scale, n) if global_scale.dim() == 0
                 else per_row_global_view(global_scale, n))
-    run_gemm(plan, x, weight, weight_scale, w_global, out, bias=bias)
+    launch_gemm(plan, x, weight, weight_scale, w_global, out, bias=bias)
     return out
 
 
@@ -371,11 +401,11 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
                              swiglu_limit, wfrag=wfrag)
     gate_up, down = plans
     act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    run_gemm(gate_up, x, w13, w13_scale, gate_up_global_view(w13_global, inter), act,
-             swiglu_limit=swiglu_limit)
+    launch_gemm(gate_up, x, w13, w13_scale, gate_up_global_view(w13_global, inter), act,
+                swiglu_limit=swiglu_limit)
     w2_rows = (per_group_global_view(w2_global, hidden) if w2_global.dim() == 0
                else per_row_global_view(w2_global, hidden))
-    run_gemm(down, act, w2, w2_scale, w2_rows, out)
+    launch_gemm(down, act, w2, w2_scale, w2_rows, out)
     return out
 
 

@@ -82,6 +82,20 @@ def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(bound, block_m) * block_m
 
 
+def _int32_buffers(device: torch.device, *sizes: int) -> list[torch.Tensor]:
+    """Uninitialised int32 tensors of the given lengths, views of one allocation (one
+    allocator call per routing instead of six). Each starts 16-byte aligned, as a fresh
+    allocation does, so the kernels' pointer specialisation (and the compiled variant) is the
+    same."""
+    padded = [-(-n // 4) * 4 for n in sizes]
+    buf = torch.empty(sum(padded), dtype=torch.int32, device=device)
+    views, start = [], 0
+    for n, p in zip(sizes, padded, strict=True):
+        views.append(buf[start:start + n])
+        start += p
+    return views
+
+
 class MoERouting(NamedTuple):
     """Routing metadata for one MoE call (all int32, on the device of ``topk_ids``)."""
 
@@ -262,14 +276,13 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     num_rows = padded_rows(num_slots, num_experts, block_m)
     num_tiles = num_rows // block_m
     ids = topk_ids.reshape(-1)
-    expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
-    tile_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
-    tile_rows = torch.empty(num_tiles, dtype=torch.int32, device=device)
-    sorted_slots = torch.empty(num_rows, dtype=torch.int32, device=device)
-    slot_row = torch.empty(num_slots, dtype=torch.int32, device=device)
     e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
-    if num_slots <= FUSED_MAX_SLOTS:
-        scratch = torch.empty(2 * e_pad, dtype=torch.int32, device=device)
+    fused = num_slots <= FUSED_MAX_SLOTS
+    # the fused kernel's scratch, or the write cursors of the multi-kernel path
+    work = 2 * e_pad if fused else num_experts
+    expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch = _int32_buffers(
+        device, num_experts + 1, num_tiles, num_tiles, num_rows, num_slots, work)
+    if fused:
         _fused_routing_kernel[(1,)](ids, scratch, expert_offsets, tile_expert, tile_rows,
                                     sorted_slots, slot_row, num_slots, expert_start,
                                     num_experts, num_rows,
@@ -280,7 +293,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
                           tile_rows)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    cursor = scratch
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
     _count_kernel[slot_grid](ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
