@@ -18,8 +18,7 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
    :func:`nvfp4_ops.kernels.linear_cuda.gate_up_global_view`).
 4. grouped W4A16 GEMM, ``row_scale`` epilogue: ``y bf16 [P, H]`` =
    ``(h @ W2_e^T) * w2_global[e] * row_scale``; ``w2_global [E]`` through the view ``[E, 1, H]``
-   (:func:`nvfp4_ops.kernels.linear_cuda.per_group_global_view`). ``y`` is stored over ``a``
-   (same shape and dtype; ``a`` is dead once GEMM 1 has completed).
+   (:func:`nvfp4_ops.kernels.linear_cuda.per_group_global_view`).
 5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
    fixed ``j`` order, non-local slots contribute 0.
 
@@ -122,10 +121,8 @@ def moe_forward(
     act = torch.empty(plan.num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     gemm(plan.gate_up, a, w13, w13_scale, w13_rows, act, tile_expert=routing.tile_expert,
          tile_rows=routing.tile_rows, row_scale=None, swiglu_limit=swiglu_limit)
-    # GEMM 2 writes its [P, H] rows over GEMM 1's input: nothing reads ``a`` after GEMM 1,
-    # and GEMM 2 writes only after GEMM 1 has completed (stream order; under launch overlap,
-    # its griddepcontrol.wait). One [P, H] buffer instead of two (800 MB at V4-Flash T = 16384).
-    expert_out = a
+    expert_out = torch.empty(plan.num_rows, hidden_size, dtype=torch.bfloat16,
+                             device=hidden.device)
     gemm(plan.down, act, w2, w2_scale, w2_rows, expert_out, tile_expert=routing.tile_expert,
          tile_rows=routing.tile_rows, row_scale=row_scale, swiglu_limit=None)
     return combine(expert_out, routing.slot_row, num_tokens, topk_ids.shape[1], output_scale,
