@@ -1,5 +1,6 @@
 """CUDA implementations of ``nvfp4::linear`` / ``nvfp4::mlp``, and the launcher every W4A16 GEMM
-goes through (:func:`run_gemm`, which the MoE uses too).
+goes through (:func:`launch_gemm`, which the MoE uses too; :func:`run_gemm` checks its
+arguments against the plan first, for tools and tests).
 
 A launch takes a :class:`~nvfp4_ops.kernels.dispatch.GemmPlan` (which kernel, in which
 config) and runs its binary on torch's current stream (tvm-ffi reads it at call time). Nothing
