@@ -103,6 +103,7 @@ from nvfp4_ops.testing import (
     ep_slice,
     fast_random_experts,
     fast_random_mxfp4_experts,
+    humming_tuning_subset,
     make_routing,
     moe_cost,
     rel_l2,
@@ -810,12 +811,7 @@ class HummingMoE:
             full = hm["get_heuristics_config"](layer_config=cfg, use_f16_accum=False,
                                                use_batch_invariant=False,
                                                gemm_type=hm["GemmType"](gemm_type))
-            # Humming's launcher looks up m = 1 first (its base kernel's metadata), then the
-            # call's valid_shape_m, both with lo < m <= hi: a list without the entry for m = 1
-            # is refused ("shape_m is not within any range defined in configs"), so keep it,
-            # and keep both entries at a boundary
-            picked = [entry for entry in full
-                      if any(entry[0] <= m <= entry[1] for m in (1, *valid_ms))]
+            picked = humming_tuning_subset(full, valid_ms)
             self.tuning[name] = (json.dumps(picked), picked, len(full))
         # the bench stops calling it after two failures before any success
         self.succeeded, self.failures, self.disabled = False, 0, None

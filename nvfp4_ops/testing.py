@@ -260,6 +260,7 @@ __all__ += [
     "expert_popularity",
     "fast_random_experts",
     "fast_random_mxfp4_experts",
+    "humming_tuning_subset",
     "moe_cost",
     "make_routing",
     "skewed_routing",
@@ -608,6 +609,17 @@ def contiguous_routing(topk_ids: torch.Tensor, *, expert_start: int = 0,
 #: the host's GPUs out of service), so nothing calls ``cuMulticastCreate``.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def humming_tuning_subset(entries: list, row_counts) -> list:
+    """The entries of a Humming tuning list (``[lo, hi, config]``, matched ``lo < m <= hi``)
+    that a call with any of ``row_counts`` as its ``valid_shape_m`` can select, plus the entry
+    for ``m = 1``, which Humming's launcher looks up first (its base kernel's metadata) and
+    refuses to miss ("shape_m is not within any range defined in configs"). Entries whose
+    bounds equal a count are kept on both sides of the boundary. Humming compiles every entry
+    of the list it is given, so a benchmark hands it only these."""
+    return [entry for entry in entries
+            if entry[0] < 1 <= entry[1] or any(entry[0] <= m <= entry[1] for m in row_counts)]
 
 
 def init_nccl_rank(rank: int, world: int, rendezvous_file: str) -> torch.device:

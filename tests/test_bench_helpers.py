@@ -128,6 +128,17 @@ def test_moe_cost_counts_local_rows_and_touched_experts():
     assert (none.local_rows, none.touched_experts, none.roofline_us) == (0, 0, 0.0)
 
 
+def test_humming_tuning_subset_keeps_the_entry_for_one_row():
+    from nvfp4_ops.testing import humming_tuning_subset
+
+    full = [[0, 1, "a"], [1, 4, "b"], [4, 64, "c"], [64, 1024, "d"], [1024, 1 << 30, "e"]]
+    # EP 1 at T = 1 and 512 (6 and 3072 routed rows): "a" only because the launcher asks m = 1
+    assert [e[2] for e in humming_tuning_subset(full, [6, 3072])] == ["a", "c", "e"]
+    # a count on a boundary keeps the entries on both sides of it
+    assert [e[2] for e in humming_tuning_subset(full, [64])] == ["a", "c", "d"]
+    assert [e[2] for e in humming_tuning_subset(full, [])] == ["a"]
+
+
 # --- the routing layouts of vLLM's Humming paths ------------------------------------------
 
 def _align_by_loops(ids, block, num_experts, start, local):
