@@ -209,7 +209,7 @@ def test_expected_tiles_is_the_poisson_mean_of_the_ceiling():
         assert D.expected_tiles(mean, 10**6) == pytest.approx(1 - math.exp(-mean), rel=1e-9)
     # one-row tiles: E[X]
     assert D.expected_tiles(37.0, 1) == pytest.approx(37.0, rel=1e-9)
-    # mean 8 over 8-row tiles: ~45 % of the experts need a second tile
+    # mean 8 over 8-row tiles: ~41 % of the experts need a second tile
     assert 1.4 < D.expected_tiles(8.0, 8) < 1.5
     assert D.expected_tiles(200.0, 64) == pytest.approx(
         sum(math.exp(x * math.log(200.0) - 200.0 - math.lgamma(x + 1)) * -(-x // 64)
