@@ -146,6 +146,7 @@ COLUMNS = {
     "speedup_vs_<peer>": "<peer>_us / ours_us (> 1: ours faster)",
     "ours_nvfp4_us, speedup_vs_ours_nvfp4": "MXFP4 rows: ours on NVFP4 weights, same cell, same "
                                             "run; its time / ours on MXFP4",
+    "ours_block_m": "the token tile our dispatch takes for the cell (dispatch.plan_moe)",
     "humming_gemm": "the Humming MoE GEMM timed (indexed / grouped_contiguous)",
     "check_humming_rel_l2, check_ok": "--check: relative L2 of Humming's output vs ours",
     "stages_us": "--stages: ours' routing / gather / GEMM 1 / GEMM 2 / combine, each timed alone",
@@ -563,8 +564,13 @@ def cost_fields(shape: MoEShape, cell: Cell, ids: torch.Tensor) -> dict:
     cost = moe_cost(ids, shape.hidden, shape.intermediate, expert_start=start,
                     local_experts=local, bytes_per_weight=BYTES_PER_WEIGHT[cell.fmt],
                     hbm_tbps=HBM_TBPS, peak_tflops=PEAK_TFLOPS)
+    from nvfp4_ops.kernels import dispatch
+
+    plan = dispatch.plan_moe(cell.tokens, shape.top_k, local, shape.hidden, shape.intermediate,
+                             global_num_experts=shape.experts) if cell.tokens else None
     return {"local_rows": cost.local_rows, "touched_experts": cost.touched_experts,
-            "bytes": cost.bytes, "flops": cost.flops, "roofline_us": cost.roofline_us}
+            "bytes": cost.bytes, "flops": cost.flops, "roofline_us": cost.roofline_us,
+            "ours_block_m": None if plan is None else plan.block_m}
 
 
 def humming_gemm_type(choice: str, ep: int) -> str:

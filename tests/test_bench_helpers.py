@@ -312,6 +312,7 @@ def test_bench_moe_fake_timings_write_every_row(tmp_path):
             assert r["speedup_vs_humming"] == pytest.approx(r["humming_us"] / r["ours_us"])
             assert r["speedup_vs_bf16"] == pytest.approx(r["bf16_us"] / r["ours_us"])
             assert r["ours_chained_us"] > 0
+            assert r["ours_block_m"] in (8, 16, 32, 64, 128, 256)
             assert r["humming_gemm"] == ("indexed" if r["ep"] == 1 else "grouped_contiguous")
             if r["local_rows"]:
                 assert r["ours_pct_roofline"] == pytest.approx(
