@@ -116,7 +116,7 @@ def test_builders_reject_wrong_forms():
 @pytest.fixture
 def recorded(monkeypatch):
     """Replace the compiled GEMM by a recorder of its arguments (no launch); the rest of the
-    torch-side path (dispatch, validation, ``launch_gemm``) runs for real."""
+    torch-side path (dispatch, validation, ``run_gemm``) runs for real."""
     pytest.importorskip("cutlass")  # the dispatch imports the kernel modules
     calls = []
 

@@ -374,7 +374,7 @@ def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, s
 
 
 def torch_gemm(plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows=None,
-               row_scale=None, swiglu_limit=None, bias=None):
+               row_scale=None, swiglu_limit=None, bias=None, check=True):
     """:func:`torch_grouped_gemm` with the launcher's signature (``moe_forward``'s ``gemm``)."""
     torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out,
                        epilogue=plan.config.epilogue, swiglu_limit=swiglu_limit,

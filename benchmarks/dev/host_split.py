@@ -64,7 +64,7 @@ def install() -> None:
         ("nvfp4_ops.kernels.moe_cuda", "gather_rows"),
         ("nvfp4_ops.kernels.moe_cuda", "combine"),
         ("nvfp4_ops.kernels.moe_cuda", "moe_forward"),
-        ("nvfp4_ops.kernels.linear_cuda", "launch_gemm"),
+        ("nvfp4_ops.kernels.linear_cuda", "run_gemm"),
         ("nvfp4_ops.kernels.linear_cuda", "streamk_workspace"),
     ]:
         try:
@@ -73,7 +73,7 @@ def install() -> None:
             print(f"(no {module}.{attr})")
     # moe_forward binds its GEMM launcher as a default argument
     kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
-    kw["gemm"] = linear_cuda.launch_gemm
+    kw["gemm"] = linear_cuda.run_gemm
     compiled = linear_cuda.compiled
     binaries: dict[int, object] = {}
 

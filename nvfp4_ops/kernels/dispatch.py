@@ -233,7 +233,6 @@ def expected_tiles(mean_rows: float, block_m: int) -> float:
     return total
 
 
-@functools.cache
 def moe_block_m(num_slots: float, num_experts: int) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
     ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least expected cost,

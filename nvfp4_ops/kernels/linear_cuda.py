@@ -1,6 +1,5 @@
 """CUDA implementations of ``nvfp4::linear`` / ``nvfp4::mlp``, and the launcher every W4A16 GEMM
-goes through (:func:`launch_gemm`, which the MoE uses too; :func:`run_gemm` checks its
-arguments against the plan first, for tools and tests).
+goes through (:func:`run_gemm`, which the MoE uses too).
 
 A launch takes a :class:`~nvfp4_ops.kernels.dispatch.GemmPlan` (which kernel, in which
 config) and runs its binary on torch's current stream (tvm-ffi reads it at call time). Nothing
@@ -32,7 +31,6 @@ __all__ = [
     "compile_function",
     "compiled",
     "gate_up_global_view",
-    "launch_gemm",
     "linear",
     "mlp",
     "per_group_global_view",
@@ -245,10 +243,10 @@ def run_gemm(
     bias: torch.Tensor | None = None,
     swiglu_limit: float | None = None,
     workspace: StreamKWorkspace | None = None,
+    check: bool = True,
 ) -> None:
     """``out[p] = epilogue(a[p] @ (e2m1 * w_scale)[g]^T * w_global[g])`` for the token tile's
-    group ``g``, with the kernel and config of ``plan``: the arguments checked against the plan,
-    then :func:`launch_gemm`.
+    group ``g``, with the kernel and config of ``plan``.
 
     Args:
         plan: from :mod:`nvfp4_ops.kernels.dispatch` for these sizes (its ``act_order`` is the
@@ -257,9 +255,9 @@ def run_gemm(
             plan's ``block_m``).
         w: uint8 ``[G, N, K/2]`` (or ``[N, K/2]``); w_scale: float8_e4m3fn (or its uint8 view)
             ``[G, N, K/16]`` (or ``[N, K/16]``).
-        w_global: fp32 global scale per weight row, ``[G, N]`` (``[N]`` for one group) or the
-            kernels' own ``[G, H2, N / H2]`` (``H2 = 2`` for ``swiglu``), any strides, 0
-            included: passed as a view, never copied.
+        w_global: fp32 global scale per weight row: the kernels' own ``[G, H2, N / H2]``
+            (``H2 = 2`` for ``swiglu``), any strides, 0 included, passed as a view, never
+            copied; with ``check`` also ``[G, N]`` (``[N]`` for one group).
         out: bf16 ``[P, N_out]``, preallocated; ``N_out = N/2`` for ``swiglu``.
         tile_expert: (grouped plans) int32 ``[ceil(P / block_m)]`` local group per token tile,
             ``-1`` = skip (its rows are not written).
@@ -268,64 +266,19 @@ def run_gemm(
         row_scale: fp32 ``[P]`` (``row_scale`` epilogue); bias: bf16 ``[N]`` (``none``).
         swiglu_limit: ``L`` of ``silu(min(gate, L)) * clamp(up, -L, L)`` or None (no clamp).
         workspace: (stream-K plans) the counters and scratch; None = :func:`streamk_workspace`.
+        check: check the arguments against the plan first (tools and tests). The ops pass
+            False: they validated the arguments and built every buffer for the plan, and an
+            eager call pays each host microsecond.
 
     Raises:
-        ValueError: wrong shapes or dtypes for the plan.
+        ValueError: (``check``) wrong shapes or dtypes for the plan.
     """
     cfg = plan.config
     if w.dim() == 2:
         w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
-    num_rows, k = a.shape
-    groups, n, k_half = w.shape
-    if (n, k) != (cfg.n, cfg.k) or k_half * 2 != k or tuple(w_scale.shape) != (groups, n, k // 16):
-        raise ValueError(f"shape mismatch for the plan's N={cfg.n}, K={cfg.k}: a "
-                         f"{tuple(a.shape)}, w {tuple(w.shape)}, w_scale {tuple(w_scale.shape)}")
-    halves = _global_halves(cfg.epilogue)
-    if w_global.dim() in (1, 2) and w_global.shape[-1] == n and n % halves == 0:
-        w_global = per_row_global_view(w_global, n, halves)
-    if (tuple(w_global.shape) != (groups, halves, n // halves)
-            or w_global.dtype != torch.float32):
-        raise ValueError(f"w_global must be fp32 [G, N] = [{groups}, {n}] or [G, H2, N/H2] = "
-                         f"[{groups}, {halves}, {n // halves}] ({cfg.epilogue!r} epilogue), got "
-                         f"{w_global.dtype} {tuple(w_global.shape)}")
-    if a.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or w.dtype != torch.uint8:
-        raise ValueError("a/out must be bf16 and w uint8")
-    if out.shape[0] < num_rows or out.shape[1] != cfg.n_out or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous bf16 [>= {num_rows}, {cfg.n_out}]")
-    if cfg.grouped != (tile_expert is not None):
-        raise ValueError("grouped plans take tile_expert, dense plans do not")
-    if cfg.epilogue == "row_scale" and (row_scale is None or row_scale.shape[0] < num_rows):
-        raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
-    if tile_rows is not None and (tile_expert is None or tile_rows.dtype != torch.int32
-                                  or tile_rows.shape != tile_expert.shape):
-        raise ValueError("tile_rows must be int32 shaped like tile_expert (grouped calls only)")
-    launch_gemm(plan, a, w, w_scale, w_global, out, tile_expert=tile_expert,
-                tile_rows=tile_rows, row_scale=row_scale, bias=bias, swiglu_limit=swiglu_limit,
-                workspace=workspace)
-
-
-def launch_gemm(
-    plan: GemmPlan,
-    a: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    w_global: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    tile_expert: torch.Tensor | None = None,
-    tile_rows: torch.Tensor | None = None,
-    row_scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    swiglu_limit: float | None = None,
-    workspace: StreamKWorkspace | None = None,
-) -> None:
-    """:func:`run_gemm` without its argument checks: the ops' launch path, whose arguments the
-    op validated and whose buffers it built for the plan (an eager call pays every host
-    microsecond). ``w_global`` the kernels' ``[G, H2, N / H2]`` view; otherwise as
-    :func:`run_gemm`."""
-    cfg = plan.config
-    if w.dim() == 2:
-        w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
+    if check:
+        w_global = _checked_global(cfg, a, w, w_scale, w_global, out, tile_expert, tile_rows,
+                                   row_scale)
     num_rows = a.shape[0]
     if num_rows == 0:
         return
@@ -358,6 +311,41 @@ def launch_gemm(
     )
 
 
+def _checked_global(cfg, a, w, w_scale, w_global, out, tile_expert, tile_rows,
+                    row_scale) -> torch.Tensor:
+    """:func:`run_gemm`'s argument check (``w`` / ``w_scale`` 3-D); returns ``w_global`` as the
+    kernels' ``[G, H2, N / H2]`` view.
+
+    Raises:
+        ValueError: wrong shapes or dtypes for the config.
+    """
+    num_rows, k = a.shape
+    groups, n, k_half = w.shape
+    if (n, k) != (cfg.n, cfg.k) or k_half * 2 != k or tuple(w_scale.shape) != (groups, n, k // 16):
+        raise ValueError(f"shape mismatch for the plan's N={cfg.n}, K={cfg.k}: a "
+                         f"{tuple(a.shape)}, w {tuple(w.shape)}, w_scale {tuple(w_scale.shape)}")
+    halves = _global_halves(cfg.epilogue)
+    if w_global.dim() in (1, 2) and w_global.shape[-1] == n and n % halves == 0:
+        w_global = per_row_global_view(w_global, n, halves)
+    if (tuple(w_global.shape) != (groups, halves, n // halves)
+            or w_global.dtype != torch.float32):
+        raise ValueError(f"w_global must be fp32 [G, N] = [{groups}, {n}] or [G, H2, N/H2] = "
+                         f"[{groups}, {halves}, {n // halves}] ({cfg.epilogue!r} epilogue), got "
+                         f"{w_global.dtype} {tuple(w_global.shape)}")
+    if a.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or w.dtype != torch.uint8:
+        raise ValueError("a/out must be bf16 and w uint8")
+    if out.shape[0] < num_rows or out.shape[1] != cfg.n_out or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 [>= {num_rows}, {cfg.n_out}]")
+    if cfg.grouped != (tile_expert is not None):
+        raise ValueError("grouped plans take tile_expert, dense plans do not")
+    if cfg.epilogue == "row_scale" and (row_scale is None or row_scale.shape[0] < num_rows):
+        raise ValueError("row_scale epilogue needs row_scale fp32 [P]")
+    if tile_rows is not None and (tile_expert is None or tile_rows.dtype != torch.int32
+                                  or tile_rows.shape != tile_expert.shape):
+        raise ValueError("tile_rows must be int32 shaped like tile_expert (grouped calls only)")
+    return w_global
+
+
 # ---------------------------------------------------------------------------- the ops
 
 
@@ -382,7 +370,7 @@ def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
     # a view, no copy: an expand-copy per call costs a kernel
     w_global = (per_group_global_view(global_scale, n) if global_scale.dim() == 0
                 else per_row_global_view(global_scale, n))
-    launch_gemm(plan, x, weight, weight_scale, w_global, out, bias=bias)
+    run_gemm(plan, x, weight, weight_scale, w_global, out, bias=bias, check=False)
     return out
 
 
@@ -402,11 +390,11 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
                              swiglu_limit, wfrag=wfrag)
     gate_up, down = plans
     act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    launch_gemm(gate_up, x, w13, w13_scale, gate_up_global_view(w13_global, inter), act,
-                swiglu_limit=swiglu_limit)
+    run_gemm(gate_up, x, w13, w13_scale, gate_up_global_view(w13_global, inter), act,
+             swiglu_limit=swiglu_limit, check=False)
     w2_rows = (per_group_global_view(w2_global, hidden) if w2_global.dim() == 0
                else per_row_global_view(w2_global, hidden))
-    launch_gemm(down, act, w2, w2_scale, w2_rows, out)
+    run_gemm(down, act, w2, w2_scale, w2_rows, out, check=False)
     return out
 
 

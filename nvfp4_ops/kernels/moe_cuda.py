@@ -71,9 +71,9 @@ from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
 from nvfp4_ops.kernels.linear_cuda import (
     gate_up_global_view,
-    launch_gemm,
     per_group_global_view,
     per_row_global_view,
+    run_gemm,
 )
 from nvfp4_ops.kernels.triton.moe_combine import combine
 from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing
@@ -96,16 +96,17 @@ def moe_forward(
     output_scale: float,
     *,
     plan: MoEPlan,
-    gemm: Callable = launch_gemm,
+    gemm: Callable = run_gemm,
     pdl: bool = True,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) for ``plan``, with the grouped GEMM passed in as
     ``gemm`` (arguments as :func:`nvfp4_ops.moe`, already validated; ``T >= 1``).
 
     ``gemm(gemm_plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows, row_scale,
-    swiglu_limit)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm` (``tile_rows``: the
-    routing's real rows per tile; the padding rows' outputs are never read, so the GEMM may
-    compute them from any row of the tile); its ``w_global`` is the fp32 view ``[E, 2, I]`` of
+    swiglu_limit, check)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm`
+    (``tile_rows``: the routing's real rows per tile; the padding rows' outputs are never
+    read, so the GEMM may compute them from any row of the tile; ``check=False``: the
+    arguments are already valid); its ``w_global`` is the fp32 view ``[E, 2, I]`` of
     ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global`` (GEMM 2). Tests pass a torch
     stand-in to check the data flow without the CuTeDSL kernels. ``pdl``: launch the Triton
     kernels with launch overlap (CUDA tensors only; the GEMMs' launch mode is their plan's).
@@ -119,12 +120,14 @@ def moe_forward(
     w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
                else per_row_global_view(w2_global, hidden_size))
     act = torch.empty(plan.num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
+    # check=False: the op validated the arguments and every buffer here is built for the plan
     gemm(plan.gate_up, a, w13, w13_scale, w13_rows, act, tile_expert=routing.tile_expert,
-         tile_rows=routing.tile_rows, row_scale=None, swiglu_limit=swiglu_limit)
+         tile_rows=routing.tile_rows, row_scale=None, swiglu_limit=swiglu_limit,
+         check=False)
     expert_out = torch.empty(plan.num_rows, hidden_size, dtype=torch.bfloat16,
                              device=hidden.device)
     gemm(plan.down, act, w2, w2_scale, w2_rows, expert_out, tile_expert=routing.tile_expert,
-         tile_rows=routing.tile_rows, row_scale=row_scale, swiglu_limit=None)
+         tile_rows=routing.tile_rows, row_scale=row_scale, swiglu_limit=None, check=False)
     return combine(expert_out, routing.slot_row, num_tokens, topk_ids.shape[1], output_scale,
                    pdl=pdl)
 
