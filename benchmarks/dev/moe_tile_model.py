@@ -19,8 +19,13 @@ import itertools
 import torch
 
 
-def tiles_cost(counts: list[int], block_m: int, cost: dict[int, float]) -> float:
-    return sum(-(-c // block_m) for c in counts) * cost[block_m]
+def cost_of(counts: list[int], tiles_of: dict[int, int] | int) -> float:
+    """Tile units of the experts' ``counts`` when each takes the cheapest of the tiles it may
+    use: one ``block_m`` for all (an int), or any of a tuple of tiles."""
+    from nvfp4_ops.kernels.dispatch import MOE_TILE_COST
+
+    options = (tiles_of,) if isinstance(tiles_of, int) else tiles_of
+    return sum(min(-(-c // bm) * MOE_TILE_COST[bm] for bm in options) for c in counts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 1024, 2048, 4096, 16384])
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-    cost, tiles = dispatch.MOE_TILE_COST, dispatch.BLOCK_MS
+    tiles = dispatch.BLOCK_MS
     print(f"{'shape':9s} {'T':>6s} {'routing':8s} {'policy':>12s} {'best single':>14s} "
           f"{'per expert':>16s} {'two classes':>22s}")
     for name in args.shapes:
@@ -43,18 +48,15 @@ def main(argv: list[str] | None = None) -> int:
                 ids, _ = make_routing(routing, num_tokens, s.experts, s.top_k, seed=args.seed)
                 counts = torch.bincount(ids.reshape(-1).long(), minlength=s.experts).tolist()
                 policy = dispatch.moe_block_m(num_tokens * s.top_k, s.experts)
-                at_policy = tiles_cost(counts, policy, cost)
-                single = min(tiles, key=lambda bm: tiles_cost(counts, bm, cost))
-                per_expert = sum(min(-(-c // bm) * cost[bm] for bm in tiles) for c in counts)
-                small, large = min(
-                    itertools.combinations(tiles, 2),
-                    key=lambda pair: sum(min(-(-c // bm) * cost[bm] for bm in pair)
-                                         for c in counts))
-                two = sum(min(-(-c // bm) * cost[bm] for bm in (small, large)) for c in counts)
+                at_policy = cost_of(counts, policy)
+                single = min(tiles, key=lambda bm: cost_of(counts, bm))
+                per_expert = cost_of(counts, tiles)
+                pair = min(itertools.combinations(tiles, 2), key=lambda p: cost_of(counts, p))
+                two = cost_of(counts, pair)
                 print(f"{name:9s} {num_tokens:6d} {routing:8s} {policy:3d} {at_policy:8.0f} "
-                      f"{single:3d} {tiles_cost(counts, single, cost):10.0f} "
+                      f"{single:3d} {cost_of(counts, single):10.0f} "
                       f"{per_expert:8.0f} ({at_policy / per_expert:4.2f}x) "
-                      f"{small:3d}/{large:<3d} {two:8.0f} ({at_policy / two:4.2f}x)")
+                      f"{pair[0]:3d}/{pair[1]:<3d} {two:8.0f} ({at_policy / two:4.2f}x)")
     return 0
 
 
