@@ -79,7 +79,8 @@ class CompileAfterWarmupError(RuntimeError):
 
 _memory: dict[Hashable, Callable] = {}
 _lock = threading.RLock()
-_state: dict[str, Any] = {"warm": False, "guard": None, "compiles": 0, "forbid": 0}
+_state: dict[str, Any] = {"warm": False, "guard": None, "compiles": 0, "forbid": 0,
+                         "generation": 0}
 
 
 def target_arch() -> str:
@@ -226,6 +227,13 @@ def clear_memory_cache() -> None:
     """Forget in-memory binaries (tests; the disk cache is untouched)."""
     with _lock:
         _memory.clear()
+        _state["generation"] += 1
+
+
+def memory_generation() -> int:
+    """How many times :func:`clear_memory_cache` ran: a caller that keeps binaries of its own
+    (keyed without hashing the config) drops them when this changes."""
+    return _state["generation"]
 
 
 def _open_lock_file(path: Path):

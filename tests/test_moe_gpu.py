@@ -446,3 +446,58 @@ def test_flash_per_row_global_scales(flash, num_tokens):
     got_expanded, _ = _run(FLASH, expanded, hidden, ids, weights)
     got_plain, _ = _run(FLASH, flash, hidden, ids, weights)
     assert torch.equal(got_expanded, got_plain)
+
+
+def _poison_reused():
+    """NaN in every float buffer the eager calls keep: a row a kernel forgets to write in a
+    later call shows up as NaN instead of as the previous call's value."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    for bufs, _ in moe_cuda._reused.values():
+        for t in (bufs.a, bufs.row_scale, bufs.act, bufs.expert_out):
+            t.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+def test_eager_calls_reuse_buffers_exactly(flash, num_tokens, monkeypatch):
+    """Eager calls of one size on one stream share their intermediates: each call's result is
+    bitwise the one with fresh buffers, an earlier result is left alone, another stream gets
+    buffers of its own, and a CUDA-graph capture takes none."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    kw = dict(global_num_experts=FLASH.experts, swiglu_limit=FLASH.swiglu_limit)
+    calls = []
+    for seed in range(3):
+        torch.manual_seed(100 + seed)
+        hidden = _hidden(num_tokens, FLASH.hidden)
+        ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+        calls.append((hidden, ids, weights, *flash.args()))
+    first = nvfp4_ops.moe(*calls[0], **kw)
+    first_copy = first.clone()
+    plan = moe_cuda.dispatch.plan_moe(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
+                                      FLASH.intermediate, global_num_experts=FLASH.experts)
+    # key: (device, stream, P, block_m, N, E, H, I)
+    assert any(key[2:5] == (plan.num_rows, plan.block_m, num_tokens * FLASH.top_k)
+               for key in moe_cuda._reused), "the eager call kept no buffers"
+    _poison_reused()
+    reused = [nvfp4_ops.moe(*args, **kw) for args in calls[1:]]
+    side = torch.cuda.Stream()
+    entries = len(moe_cuda._reused)
+    with torch.cuda.stream(side):
+        on_side = nvfp4_ops.moe(*calls[2], **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(moe_cuda._reused) == entries + 1, "a second stream shared the first's buffers"
+    monkeypatch.setattr(moe_cuda, "_REUSE_MAX", -1)  # fresh buffers from here on
+    fresh = [nvfp4_ops.moe(*args, **kw) for args in calls[1:]]
+    for got, want in zip(reused, fresh, strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(on_side, fresh[1])
+    assert torch.equal(first, first_copy), "a later call wrote into an earlier result"
+    want = moe_reference(*calls[2], 0, FLASH.swiglu_limit, 1.0)
+    assert_moe_close(reused[1], want, f"v4-flash T={num_tokens}, reused buffers")
+    monkeypatch.undo()
+    entries = len(moe_cuda._reused)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4_ops.moe(*calls[0], **kw)
+    assert len(moe_cuda._reused) == entries, "a capture took the eager buffers"

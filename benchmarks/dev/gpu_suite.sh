@@ -9,7 +9,8 @@
 #             (humming-kernels for bench_moe) into /tmp/site when present
 #   moe       the MoE-side GPU tests: moe, MXFP4, routing, load-time preparation, warm-up,
 #             validation, compile / AOT graphs
-#   profile   benchmarks/dev/host_split.py: an eager call's host time by function
+#   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
+#             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call
 #   dense     the dense GPU tests: linear, wfrag, stream-K
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
@@ -51,14 +52,17 @@ for part in "$@"; do
       echo "== setup rc=$? $(tail -1 "$out/precompile.log")" ;;
     moe)
       tests moe 420 tests/test_moe_gpu.py tests/test_moe_routing.py tests/test_prepare.py \
-        tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py
+        tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py \
+        tests/test_triton_launch.py
       tests mxfp4 240 tests/test_mxfp4_gpu.py ;;
     rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
       # shellcheck disable=SC2086
       tests rerun 300 $RERUN ;;
-    profile)  # where an eager call spends its host time, function by function
+    profile)  # where an eager call spends its host time, function by function; launch costs
       timeout -s KILL 300 python3 benchmarks/dev/host_split.py >"$out/host_split.log" 2>&1
-      echo "== profile rc=$?"; cut -c1-110 "$out/host_split.log" ;;
+      echo "== profile rc=$?"; cut -c1-110 "$out/host_split.log"
+      timeout -s KILL 120 python3 benchmarks/dev/launch_cost.py >"$out/launch_cost.log" 2>&1
+      echo "== launch_cost rc=$?"; cat "$out/launch_cost.log" ;;
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     eager)  # the eager half of overhead only

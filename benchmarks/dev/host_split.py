@@ -5,8 +5,8 @@ with ``perf_counter_ns`` timers (inclusive times: a wrapped function's time incl
 wrapped functions it calls), runs ``--calls`` eager calls of each case of
 ``bench_overhead.py`` and prints the mean µs per call of each wrapped function, next to the
 whole call's host time with and without the wrappers (their own cost shows as the
-difference). Triton launches are timed per kernel through ``JITFunction.run``; CuTeDSL
-binaries through the callable ``linear_cuda.compiled`` returns.
+difference). Triton launches are timed per kernel (``JITFunction.run`` and
+``_launch.Launcher``); CuTeDSL binaries through the callable ``linear_cuda.compiled`` returns.
 
     python benchmarks/dev/host_split.py [--calls 500]
 """
@@ -51,6 +51,7 @@ def install() -> None:
     import triton
 
     from nvfp4_ops.kernels import linear_cuda, moe_cuda
+    from nvfp4_ops.kernels.triton import _launch
 
     for module, attr in [
         ("nvfp4_ops.ops._eager", "direct"),
@@ -86,6 +87,7 @@ def install() -> None:
 
     linear_cuda.compiled = _timed("linear_cuda.compiled (lookup + binary)", timed_compiled)
     run = triton.runtime.jit.JITFunction.run
+    launch = _launch.Launcher.__call__
 
     def timed_run(self, *args, **kwargs):
         t0 = time.perf_counter_ns()
@@ -96,7 +98,19 @@ def install() -> None:
             _totals[name] += time.perf_counter_ns() - t0
             _counts[name] += 1
 
+    def timed_launch(self, *args, **kwargs):
+        # the kernels launched through _launch.Launcher (a miss also runs JITFunction.run,
+        # counted there too: once per compiled variant, negligible over --calls)
+        t0 = time.perf_counter_ns()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            name = f"triton {self.kernel.fn.__name__}"
+            _totals[name] += time.perf_counter_ns() - t0
+            _counts[name] += 1
+
     triton.runtime.jit.JITFunction.run = timed_run
+    _launch.Launcher.__call__ = timed_launch
 
 
 def _host_us(fn, calls: int) -> float:

@@ -50,10 +50,11 @@ The routing kernel itself is launched plainly (after whatever produced ``topk_id
 the gather launch at once. The WGMMA GEMMs (block_m >= 16) overlap the same way: their
 producer streams the first stages' weight boxes before its wait, the activation tiles after it.
 
-Every buffer is allocated with torch on the current device (the caching allocator, so the graph
-pool under capture), every launch goes to the current stream, every grid comes from
-``(T, k, E, H, I)`` and the plan: no host synchronisation, so the whole op can be captured in a
-CUDA graph and replayed with new hidden states *and* new routing.
+Every buffer is allocated with torch on the current device (:func:`moe_buffers`: the caching
+allocator, so the graph pool under capture), every launch goes to the current stream, every
+grid comes from ``(T, k, E, H, I)`` and the plan: no host synchronisation, so the whole op can
+be captured in a CUDA graph and replayed with new hidden states *and* new routing. Eager calls
+of a small size reuse their buffers (:func:`_call_buffers`).
 
 Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
 in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
@@ -62,7 +63,9 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -76,9 +79,74 @@ from nvfp4_ops.kernels.linear_cuda import (
     run_gemm,
 )
 from nvfp4_ops.kernels.triton.moe_combine import combine
-from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing
+from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, routing_buffers
 
-__all__ = ["moe_cuda", "moe_forward", "warmup_triton"]
+__all__ = ["MoEBuffers", "moe_buffers", "moe_cuda", "moe_forward", "warmup_triton"]
+
+
+class MoEBuffers(NamedTuple):
+    """The intermediate buffers of one MoE call (uninitialised; every call writes what it
+    reads): the routing's int32 buffers (:func:`~nvfp4_ops.kernels.triton.moe_routing.
+    routing_buffers`), the gathered rows ``a bf16 [P, H]``, their router weights ``row_scale
+    f32 [P]``, GEMM 1's output ``act bf16 [P, I]`` and GEMM 2's ``expert_out bf16 [P, H]``."""
+
+    routing: tuple[torch.Tensor, ...]
+    a: torch.Tensor
+    row_scale: torch.Tensor
+    act: torch.Tensor
+    expert_out: torch.Tensor
+
+
+def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts: int,
+                hidden_size: int, inter: int) -> MoEBuffers:
+    """Fresh :class:`MoEBuffers` for ``plan`` (``P = plan.num_rows`` rows), ``N = num_slots``
+    slots, ``E`` local experts and sizes ``H``, ``I``."""
+    rows, bf16 = plan.num_rows, torch.bfloat16
+    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m),
+                      torch.empty(rows, hidden_size, dtype=bf16, device=device),
+                      torch.empty(rows, dtype=torch.float32, device=device),
+                      torch.empty(rows, inter, dtype=bf16, device=device),
+                      torch.empty(rows, hidden_size, dtype=bf16, device=device))
+
+
+#: Eager calls whose intermediates take at most this many bytes reuse them (per device,
+#: stream and sizes; :func:`_call_buffers`), keeping at most ``_REUSE_TOTAL`` bytes in all.
+_REUSE_MAX = 16 << 20
+_REUSE_TOTAL = 64 << 20
+_reused: OrderedDict[tuple, tuple[MoEBuffers, int]] = OrderedDict()
+
+
+def _call_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts: int,
+                  hidden_size: int, inter: int) -> MoEBuffers:
+    """The buffers of one call: reused between eager calls of the same sizes on one stream,
+    fresh otherwise.
+
+    Why it is safe: calls on one stream run one after the other (the routing kernel, the
+    first of a call, is launched without launch overlap, so it starts after the previous
+    call's last kernel has completed), nothing of the buffers escapes a call (the op returns
+    a fresh output), and each call writes every element it reads. Not under CUDA-graph
+    capture: a graph keeps its buffers (from the graph pool) for its replays, which may run
+    while other work uses the stream's. Why: an eager decode call otherwise spends more host
+    time on the allocator and views (about a dozen torch calls) than its kernels run.
+    """
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
+    nbytes = plan.num_rows * (4 * hidden_size + 2 * inter + 4)
+    if nbytes > _REUSE_MAX:
+        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
+    index = device.index
+    # the sizes the buffers depend on (not the plan itself: hashing it costs microseconds)
+    key = (index, torch._C._cuda_getCurrentRawStream(index), plan.num_rows, plan.block_m,
+           num_slots, num_experts, hidden_size, inter)
+    hit = _reused.get(key)
+    if hit is not None:
+        _reused.move_to_end(key)
+        return hit[0]
+    bufs = moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
+    _reused[key] = (bufs, nbytes)
+    while sum(n for _, n in _reused.values()) > _REUSE_TOTAL:
+        _reused.popitem(last=False)
+    return bufs
 
 
 def moe_forward(
@@ -113,22 +181,25 @@ def moe_forward(
     """
     num_tokens, hidden_size = hidden.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
-    routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl)
-    a, row_scale = gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl)
+    top_k = topk_ids.shape[1]
+    bufs = _call_buffers(hidden.device, plan, num_tokens * top_k, num_experts, hidden_size,
+                         inter)
+    routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
+                          buffers=bufs.routing)
+    a, row_scale = gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
+                               out=(bufs.a, bufs.row_scale))
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     w13_rows = gate_up_global_view(w13_global, inter)
     w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
                else per_row_global_view(w2_global, hidden_size))
-    act = torch.empty(plan.num_rows, inter, dtype=torch.bfloat16, device=hidden.device)
     # check=False: the op validated the arguments and every buffer here is built for the plan
-    gemm(plan.gate_up, a, w13, w13_scale, w13_rows, act, tile_expert=routing.tile_expert,
+    gemm(plan.gate_up, a, w13, w13_scale, w13_rows, bufs.act, tile_expert=routing.tile_expert,
          tile_rows=routing.tile_rows, row_scale=None, swiglu_limit=swiglu_limit,
          check=False)
-    expert_out = torch.empty(plan.num_rows, hidden_size, dtype=torch.bfloat16,
-                             device=hidden.device)
-    gemm(plan.down, act, w2, w2_scale, w2_rows, expert_out, tile_expert=routing.tile_expert,
-         tile_rows=routing.tile_rows, row_scale=row_scale, swiglu_limit=None, check=False)
-    return combine(expert_out, routing.slot_row, num_tokens, topk_ids.shape[1], output_scale,
+    gemm(plan.down, bufs.act, w2, w2_scale, w2_rows, bufs.expert_out,
+         tile_expert=routing.tile_expert, tile_rows=routing.tile_rows, row_scale=row_scale,
+         swiglu_limit=None, check=False)
+    return combine(bufs.expert_out, routing.slot_row, num_tokens, top_k, output_scale,
                    pdl=pdl)
 
 

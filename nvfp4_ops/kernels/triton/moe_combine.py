@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from nvfp4_ops.kernels.triton import _pdl
+from nvfp4_ops.kernels.triton._launch import Launcher
 
 __all__ = ["combine"]
 
@@ -40,6 +41,9 @@ def _combine_kernel(y_ptr, slot_row_ptr, out_ptr, output_scale,
     tl.store(out_ptr + token.to(tl.int64) * HIDDEN + cols, acc.to(tl.bfloat16), mask=col_ok)
 
 
+_combine = Launcher(_combine_kernel)
+
+
 def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int,
             output_scale: float, pdl: bool = False) -> torch.Tensor:
     """Sum each token's ``k`` expert rows (see module docstring).
@@ -59,8 +63,7 @@ def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int
     if num_tokens == 0:
         return out
     block_h = min(1024, triton.next_power_of_2(hidden_size))
-    grid = (num_tokens, triton.cdiv(hidden_size, block_h))
-    _combine_kernel[grid](y, slot_row, out, float(output_scale),
-                          HIDDEN=hidden_size, TOP_K=top_k, BLOCK_H=block_h,
-                          PDL=bool(pdl and y.is_cuda), **_pdl.launch_kwargs(pdl and y.is_cuda))
+    pdl = bool(pdl and y.is_cuda)
+    _combine((num_tokens, triton.cdiv(hidden_size, block_h), 1), y, slot_row, out,
+             float(output_scale), hidden_size, top_k, block_h, pdl, **_pdl.launch_kwargs(pdl))
     return out

@@ -58,6 +58,7 @@ import triton.language as tl
 
 from nvfp4_ops.kernels.kperm import NATURAL, layout_block
 from nvfp4_ops.kernels.triton import _pdl
+from nvfp4_ops.kernels.triton._launch import Launcher
 
 __all__ = [
     "MoERouting",
@@ -94,6 +95,25 @@ def _int32_buffers(device: torch.device, *sizes: int) -> list[torch.Tensor]:
         views.append(buf[start:start + n])
         start += p
     return views
+
+
+def routing_buffers(device: torch.device, num_slots: int, num_experts: int,
+                    block_m: int) -> tuple[torch.Tensor, ...]:
+    """The int32 buffers :func:`moe_routing` writes for ``N = num_slots`` slots, ``E`` local
+    experts and ``block_m`` (uninitialised, views of one allocation): ``expert_offsets
+    [E + 1]``, ``tile_expert [P / block_m]``, ``tile_rows [P / block_m]``, ``sorted_slots
+    [P]``, ``slot_row [N]`` and the kernels' own scratch. A caller that runs the routing
+    repeatedly for the same sizes on one stream may reuse them (each call rewrites all)."""
+    num_rows = padded_rows(num_slots, num_experts, block_m)
+    num_tiles = num_rows // block_m
+    # the fused kernel's scratch (counts, cursors), or the multi-kernel path's write cursors
+    work = 2 * _e_pad(num_experts) if num_slots <= FUSED_MAX_SLOTS else num_experts
+    return tuple(_int32_buffers(device, num_experts + 1, num_tiles, num_tiles, num_rows,
+                                num_slots, work))
+
+
+def _e_pad(num_experts: int) -> int:
+    return max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
 
 
 class MoERouting(NamedTuple):
@@ -255,8 +275,14 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
             tl.store(row_scale_ptr + rows, w.to(tl.float32))
 
 
+#: the decode-path launches, through the low-overhead launcher (:mod:`._launch`)
+_fused_routing = Launcher(_fused_routing_kernel)
+_gather = Launcher(_gather_kernel)
+
+
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
-                block_m: int, pdl: bool = False) -> MoERouting:
+                block_m: int, pdl: bool = False,
+                buffers: tuple[torch.Tensor, ...] | None = None) -> MoERouting:
     """Expert-grouped, padded row layout for ``topk_ids`` (see the module docstring).
 
     Args:
@@ -267,47 +293,44 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         expert_start: first global id owned here.
         block_m: tile rows; every segment is padded to a multiple of it.
         pdl: the single-CTA kernel (decode) lets the next kernel launch early (:mod:`._pdl`).
+        buffers: what :func:`routing_buffers` returns for these sizes (written over); None
+            allocates them.
 
     Returns:
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
     """
     num_slots = topk_ids.numel()
-    device = topk_ids.device
     num_rows = padded_rows(num_slots, num_experts, block_m)
     num_tiles = num_rows // block_m
-    ids = topk_ids.reshape(-1)
-    e_pad = max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
-    fused = num_slots <= FUSED_MAX_SLOTS
-    # the fused kernel's scratch, or the write cursors of the multi-kernel path
-    work = 2 * e_pad if fused else num_experts
-    expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch = _int32_buffers(
-        device, num_experts + 1, num_tiles, num_tiles, num_rows, num_slots, work)
-    if fused:
-        _fused_routing_kernel[(1,)](ids, scratch, expert_offsets, tile_expert, tile_rows,
-                                    sorted_slots, slot_row, num_slots, expert_start,
-                                    num_experts, num_rows,
-                                    num_tiles, E_PAD=e_pad, BLOCK_M=block_m,
-                                    FILL_BLOCK=_FILL_BLOCK,
-                                    BLOCK=_COUNT_BLOCK, PDL=bool(pdl and ids.is_cuda),
-                                    num_warps=8)
+    e_pad = _e_pad(num_experts)
+    if buffers is None:
+        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m)
+    expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch = buffers
+    # topk_ids is contiguous: the kernels index its T*k ids flat
+    if num_slots <= FUSED_MAX_SLOTS:
+        pdl = bool(pdl and topk_ids.is_cuda)
+        _fused_routing((1, 1, 1), topk_ids, scratch, expert_offsets, tile_expert, tile_rows,
+                       sorted_slots, slot_row, num_slots, expert_start, num_experts, num_rows,
+                       num_tiles, e_pad, block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl, num_warps=8)
         return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
                           tile_rows)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = scratch
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
-    _count_kernel[slot_grid](ids, counts, num_slots, expert_start, num_experts,
+    _count_kernel[slot_grid](topk_ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
     _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, sorted_slots,
                        num_slots, num_rows, num_tiles, num_experts,
                        E_PAD=e_pad, BLOCK_M=block_m,
                        FILL_BLOCK=_FILL_BLOCK, num_warps=8)
-    _place_kernel[slot_grid](ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
+    _place_kernel[slot_grid](topk_ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
                              num_experts, BLOCK=_COUNT_BLOCK)
     return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m, tile_rows)
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
-                layout: str = NATURAL, pdl: bool = False
+                layout: str = NATURAL, pdl: bool = False,
+                out: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMM-1 input and the GEMM-2 row scales in the padded row order.
 
@@ -319,6 +342,7 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
             (the MoE plan's ``act_order``: what its GEMM 1 reads; ``H`` a multiple of the
             layout's block: 32 for ``kperm``, 8 for ``pair``).
         pdl: launch with programmatic dependent launch (:mod:`._pdl`; CUDA only).
+        out: ``(a, row_scale)`` to write (contiguous, the shapes below); None allocates them.
 
     Returns:
         ``a bf16 [P, H]`` (token rows, zeros in padding rows) and ``row_scale f32 [P]``
@@ -335,16 +359,17 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
         raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")
     num_rows = routing.sorted_slots.shape[0]
     block_m = routing.block_m
-    a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    row_scale = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
+    if out is None:
+        a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
+        row_scale = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
+    else:
+        a, row_scale = out
     block_h = min(1024, triton.next_power_of_2(hidden_size))
     # Keep the register tile around 8K elements whatever block_m is.
     block_h = max(64, min(block_h, 8192 // block_m))
-    grid = (num_rows // block_m, triton.cdiv(hidden_size, block_h))
-    _gather_kernel[grid](hidden, topk_weights, routing.sorted_slots, routing.tile_expert, a,
-                         row_scale, num_tokens * top_k,
-                         HIDDEN=hidden_size, TOP_K=top_k, BLOCK_M=block_m, BLOCK_H=block_h,
-                         PERM_ROWS=block // 4 if block > 1 else 0,
-                         PDL=bool(pdl and hidden.is_cuda),
-                         **_pdl.launch_kwargs(pdl and hidden.is_cuda))
+    pdl = bool(pdl and hidden.is_cuda)
+    _gather((num_rows // block_m, triton.cdiv(hidden_size, block_h), 1), hidden, topk_weights,
+            routing.sorted_slots, routing.tile_expert, a, row_scale, num_tokens * top_k,
+            hidden_size, top_k, block_m, block_h, block // 4 if block > 1 else 0, pdl,
+            **_pdl.launch_kwargs(pdl))
     return a, row_scale
