@@ -458,7 +458,7 @@ def _poison_reused():
             t.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+@pytest.mark.parametrize("num_tokens", [1, 7])
 def test_eager_calls_reuse_buffers_exactly(flash, num_tokens, monkeypatch):
     """Eager calls of one size on one stream share their intermediates: each call's result is
     bitwise the one with fresh buffers, an earlier result is left alone, another stream gets
@@ -501,3 +501,18 @@ def test_eager_calls_reuse_buffers_exactly(flash, num_tokens, monkeypatch):
     with torch.cuda.graph(graph):
         nvfp4_ops.moe(*calls[0], **kw)
     assert len(moe_cuda._reused) == entries, "a capture took the eager buffers"
+
+
+def test_eager_calls_of_large_size_allocate(flash):
+    """Above ``_REUSE_MAX`` bytes of intermediates an eager call keeps nothing."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    num_tokens = 1024
+    plan = moe_cuda.dispatch.plan_moe(num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden,
+                                      FLASH.intermediate, global_num_experts=FLASH.experts)
+    assert plan.num_rows * (4 * FLASH.hidden + 2 * FLASH.intermediate) > moe_cuda._REUSE_MAX
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    nvfp4_ops.moe(hidden, ids, weights, *flash.args(), global_num_experts=FLASH.experts)
+    assert not any(key[2] == plan.num_rows and key[4] == num_tokens * FLASH.top_k
+                   for key in moe_cuda._reused)

@@ -35,13 +35,18 @@ __all__ = ["Launcher"]
 _I32 = (-(2**31), 2**31)
 
 
+def _hook_set(hook) -> bool:
+    # a plain callable, or (newer Triton) a chain of them that is never None
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _hooks_installed() -> bool:
     knobs = getattr(triton, "knobs", None)
     runtime = getattr(knobs, "runtime", None)
     if runtime is None:
         return True  # unknown Triton: let it launch (and run any hooks) itself
-    return (getattr(runtime, "launch_enter_hook", None) is not None
-            or getattr(runtime, "launch_exit_hook", None) is not None)
+    return (_hook_set(getattr(runtime, "launch_enter_hook", None))
+            or _hook_set(getattr(runtime, "launch_exit_hook", None)))
 
 
 class Launcher:
