@@ -86,31 +86,26 @@ def install() -> None:
         return wrapped
 
     linear_cuda.compiled = _timed("linear_cuda.compiled (lookup + binary)", timed_compiled)
-    run = triton.runtime.jit.JITFunction.run
-    launch = _launch.Launcher.__call__
 
-    def timed_run(self, *args, **kwargs):
-        t0 = time.perf_counter_ns()
-        try:
-            return run(self, *args, **kwargs)
-        finally:
-            name = f"triton {self.fn.__name__}"
-            _totals[name] += time.perf_counter_ns() - t0
-            _counts[name] += 1
+    def timed_method(method, kernel_name):
+        """``method`` timed under "triton <kernel name>" (``kernel_name(self)``)."""
+        def wrapper(self, *args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                name = f"triton {kernel_name(self)}"
+                _totals[name] += time.perf_counter_ns() - t0
+                _counts[name] += 1
 
-    def timed_launch(self, *args, **kwargs):
-        # the kernels launched through _launch.Launcher (a miss also runs JITFunction.run,
-        # counted there too: once per compiled variant, negligible over --calls)
-        t0 = time.perf_counter_ns()
-        try:
-            return launch(self, *args, **kwargs)
-        finally:
-            name = f"triton {self.kernel.fn.__name__}"
-            _totals[name] += time.perf_counter_ns() - t0
-            _counts[name] += 1
+        return wrapper
 
-    triton.runtime.jit.JITFunction.run = timed_run
-    _launch.Launcher.__call__ = timed_launch
+    # kernels launched through _launch.Launcher (a miss also runs JITFunction.run, counted
+    # there too: once per compiled variant, negligible over --calls) and the others
+    triton.runtime.jit.JITFunction.run = timed_method(triton.runtime.jit.JITFunction.run,
+                                                      lambda f: f.fn.__name__)
+    _launch.Launcher.__call__ = timed_method(_launch.Launcher.__call__,
+                                             lambda launcher: launcher.kernel.fn.__name__)
 
 
 def _host_us(fn, calls: int) -> float:
