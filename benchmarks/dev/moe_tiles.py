@@ -7,6 +7,10 @@ prints the µs per tile next to the tile the policy picks (``*``) and the tiles 
 really needs (``sum_e ceil(rows_e / block_m)``). Tiles not precompiled are compiled first
 (slow): run ``python -m nvfp4_ops precompile --shape v4-flash --shape v4-pro`` before.
 
+``--variants``: at each tile, also time the whole op with one GEMM's WGMMA tile shape changed
+(``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``; the other GEMM as planned), to
+find the grouped tile shape per token tile (``dispatch._wgmma_fields``); these compile first.
+
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
 """
@@ -14,6 +18,7 @@ really needs (``sum_e ceil(rows_e / block_m)``). Tiles not precompiled are compi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -23,6 +28,45 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _timing import l2_flush, time_one_call  # noqa: E402
+
+
+def variant_plans(plan, args):
+    """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's WGMMA tile shape
+    replaced (``row_wgs`` x ``stages`` from ``args``); the planned shape itself is left out."""
+    out = []
+    for which in ("gate_up", "down"):
+        gemm = getattr(plan, which)
+        if gemm.family != "wgmma":
+            continue
+        for row_wgs in args.row_wgs:
+            for stages in args.stages:
+                try:
+                    config = dataclasses.replace(gemm.config, row_wgs=row_wgs, stages=stages)
+                except ValueError:
+                    continue
+                seen = [getattr(v, which).config.name for w, _, v in out if w == which]
+                if config.name in (gemm.config.name, *seen):
+                    continue
+                out.append((which, f"r{row_wgs}st{config.num_stages}", dataclasses.replace(
+                    plan, **{which: dataclasses.replace(gemm, config=config)})))
+    return out
+
+
+def time_variants(plan, call, base_us: float, args, flush) -> None:
+    """Time the whole op at each :func:`variant_plans` of ``plan`` and print the µs of each
+    against the planned shapes' ``base_us``."""
+    lines: dict[str, list[str]] = {}
+    for which, label, variant in variant_plans(plan, args):
+        fn = functools.partial(call.func, *call.args, **{**call.keywords, "plan": variant})
+        try:
+            us = time_one_call(fn, args.reps, flush)
+            lines.setdefault(which, []).append(f"{label} {us:8.1f} ({us / base_us:4.2f})")
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            lines.setdefault(which, []).append(f"{label}: {type(exc).__name__}")
+    for which, line in lines.items():
+        gemm = getattr(plan, which).config
+        print(f"    bm {plan.block_m} {which} planned r{gemm.row_wgs}st{gemm.num_stages} "
+              f"{base_us:8.1f}: " + "  ".join(line), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +81,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ep", nargs="+", type=int, default=[1])
     p.add_argument("--tiles", nargs="+", type=int, default=list(dispatch.BLOCK_MS))
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--variants", action="store_true",
+                   help="also time each GEMM's WGMMA tile shapes (--row-wgs x --stages)")
+    p.add_argument("--row-wgs", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--stages", nargs="+", type=int, default=[0, 3, 4, 6])
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --variants: compile them in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
     args = p.parse_args(argv)
+    if args.variants and args.jobs > 1:
+        from nvfp4_ops.cli.precompile import compile_configs
+
+        configs = []
+        for shape_name in args.shapes:
+            s = nvfp4_ops.get_shape(shape_name)
+            for ep in args.ep:
+                local = ep_slice(s.experts, ep)[1]
+                for num_tokens in args.tokens:
+                    for bm in args.tiles:
+                        try:
+                            plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
+                                                     s.intermediate, global_num_experts=s.experts,
+                                                     block_m=bm, order=dispatch.WeightOrder.WPERM)
+                        except ValueError:
+                            continue
+                        if plan is None or plan.block_m != bm:
+                            continue
+                        configs += [plan.gate_up.config, plan.down.config]
+                        configs += [c for _, _, v in variant_plans(plan, args)
+                                    for c in (v.gate_up.config, v.down.config)]
+        t0 = time.monotonic()
+        n = compile_configs(configs, args.jobs)
+        print(f"{n} variants compiled in {time.monotonic() - t0:.0f} s", flush=True)
     flush = l2_flush("read")
     t_start = time.monotonic()
     rows = []
@@ -83,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                             cells[bm] = time_one_call(call, args.reps, flush)
                         except Exception as exc:  # noqa: BLE001 - report and go on
                             print(f"  bm {bm}: {type(exc).__name__}: {exc}"[:200])
+                        if args.variants and bm in cells:
+                            time_variants(plan, call, cells[bm], args, flush)
                     need = {bm: int(((counts + bm - 1) // bm).sum()) for bm in cells}
                     best = min(cells, key=cells.get) if cells else None
                     line = " ".join(
