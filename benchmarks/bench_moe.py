@@ -570,7 +570,9 @@ def cost_fields(shape: MoEShape, cell: Cell, ids: torch.Tensor) -> dict:
                              global_num_experts=shape.experts) if cell.tokens else None
     return {"local_rows": cost.local_rows, "touched_experts": cost.touched_experts,
             "bytes": cost.bytes, "flops": cost.flops, "roofline_us": cost.roofline_us,
-            "ours_block_m": None if plan is None else plan.block_m}
+            "ours_block_m": None if plan is None else plan.block_m,
+            "ours_hot_block_m": None if plan is None or plan.hot is None
+            else plan.hot.routing.block_m}
 
 
 def humming_gemm_type(choice: str, ep: int) -> str:
@@ -951,8 +953,10 @@ def stage_callables(shape: MoEShape, t: dict, wperm: bool, start: int, local: in
     num_tokens, top_k = ids.shape
     h, i = shape.hidden, shape.intermediate
     order = dispatch.WeightOrder.WPERM if wperm else dispatch.WeightOrder.CHECKPOINT
+    # one token tile for all experts (hot=False): the stages of a two-tile call are the same
+    # kernels launched twice
     plan = dispatch.plan_moe(num_tokens, top_k, local, h, i, global_num_experts=shape.experts,
-                             order=order, chained=False)
+                             order=order, chained=False, hot=False)
     routing = moe_routing.moe_routing(ids, local, start, plan.block_m)
     a, row_scale = moe_routing.gather_rows(hidden, weights, routing, plan.act_order)
     act = torch.empty(plan.num_rows, i, dtype=torch.bfloat16, device=a.device)

@@ -102,6 +102,92 @@ def test_skew_first_choice_shared_and_empty_experts(flash):
     assert_moe_close(got, want, "skewed + empty experts")
 
 
+def _hot_tiles_used(num_tokens, ids, num_experts, expert_start=0, global_num_experts=-1):
+    """The plan of the op's call and whether its routing put any expert in a hot tile."""
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.kernels.triton.moe_routing import moe_routing
+
+    plan = dispatch.plan_moe(num_tokens, FLASH.top_k, num_experts, FLASH.hidden,
+                             FLASH.intermediate, global_num_experts=global_num_experts)
+    if plan.hot is None:
+        return plan, False
+    routing = moe_routing(ids, num_experts, expert_start, plan.block_m, hot=plan.hot.routing)
+    return plan, bool((routing.hot_tile_expert >= 0).any())
+
+
+@pytest.mark.parametrize("case", ["zipf", "six_experts_take_all", "ep8_zipf"])
+@pytest.mark.parametrize("num_tokens", [512, 1024, 2048])
+def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
+    """Skewed routing at sizes whose plan has a hot tile (``dispatch.moe_hot_class``): hot
+    experts in the large tile, the rest in the base tile, one output. ``six_experts_take_all``
+    is the worst skew (every token picks experts 0-5: six segments of T rows, all hot)."""
+    from nvfp4_ops.testing import make_routing
+
+    start, local = (128, 32) if case == "ep8_zipf" else (0, FLASH.experts)
+    rank = type(flash)(*(t[start:start + local] for t in flash.args()))
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    if case == "six_experts_take_all":
+        ids = torch.arange(FLASH.top_k, dtype=torch.int32).expand(num_tokens, -1).contiguous()
+        weights = torch.rand(num_tokens, FLASH.top_k)
+    else:
+        ids, weights = make_routing("skew", num_tokens, FLASH.experts, FLASH.top_k,
+                                    seed=num_tokens)
+    ids, weights = ids.cuda(), weights.cuda()
+    global_e = FLASH.experts if case == "ep8_zipf" else -1
+    plan, used = _hot_tiles_used(num_tokens, ids, local, start, global_e)
+    assert plan.hot is not None and used, "the case must exercise the hot tile"
+    args = (hidden, ids, weights, *rank.args())
+    _poison_allocator(8 * plan.num_rows * (FLASH.hidden + FLASH.intermediate))
+    got = nvfp4_ops.moe(*args, expert_start=start, global_num_experts=global_e,
+                        swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
+    want = moe_reference(*args, start, FLASH.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"{case} T={num_tokens} bm={plan.block_m}/"
+                                f"{plan.hot.routing.block_m}")
+
+
+def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
+    """One graph at a size with a hot tile, replayed with routings that use no hot expert,
+    some, and only hot experts: every replay equals the eager call and the reference."""
+    from nvfp4_ops.testing import make_routing
+
+    num_tokens = 1024
+    nvfp4_ops.warmup(["v4-flash"])
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = make_routing("uniform", num_tokens, FLASH.experts, FLASH.top_k, seed=1)
+    ids, weights = ids.cuda(), weights.cuda()
+
+    def call():
+        return nvfp4_ops.moe(hidden, ids, weights, *flash.args(),
+                             swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    seen = []
+    for step, kind in enumerate(["uniform", "skew", "all_hot"]):
+        if kind == "all_hot":
+            new_ids = torch.arange(FLASH.top_k, dtype=torch.int32).expand(num_tokens, -1) + 40
+            new_weights = torch.rand(num_tokens, FLASH.top_k)
+        else:
+            new_ids, new_weights = make_routing(kind, num_tokens, FLASH.experts, FLASH.top_k,
+                                                seed=10 + step)
+        hidden.copy_(_hidden(num_tokens, FLASH.hidden))
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        seen.append(_hot_tiles_used(num_tokens, ids, FLASH.experts)[1])
+        graph.replay()
+        eager = call()
+        assert torch.equal(static_out, eager), f"replay {kind} != eager"
+        want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
+        assert_moe_close(static_out, want, f"graph replay {kind}")
+    assert seen == [False, True, True], f"hot tiles used per step: {seen}"
+
+
 @pytest.mark.parametrize("num_tokens", [1, 7, 199])
 def test_expert_parallel_mixed_ids(tiny, num_tokens):
     """Local experts [16, 32) of 64 global: non-local slots contribute nothing; a token whose

@@ -36,29 +36,57 @@ def routing_path(request, monkeypatch):
 
 
 def reference_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
-                      block_m: int):
-    """Python loops: per local expert its slots in order, padded to block_m."""
+                      block_m: int, num_rows: int = 0, hot=None):
+    """Python loops: per local expert its slots in order and its segment ``[start, end)``:
+    base experts padded to block_m upwards from row 0, hot ones (``hot``: a ``HotClass``)
+    padded to ``hot.block_m`` downwards from ``num_rows`` in expert order. Returns
+    ``(per_expert, starts, ends, is_hot, base_total)``."""
     ids = topk_ids.reshape(-1).tolist()
     per_expert: list[list[int]] = [[] for _ in range(num_experts)]
     for slot, gid in enumerate(ids):
         local = gid - expert_start
         if 0 <= local < num_experts:
             per_expert[local].append(slot)
-    offsets = [0]
+    starts, ends, is_hot = [], [], []
+    base, top = 0, num_rows
     for slots in per_expert:
-        offsets.append(offsets[-1] + -(-len(slots) // block_m) * block_m)
-    return per_expert, offsets
+        c = len(slots)
+        hot_e = hot is not None and c >= hot.min_rows and (
+            -(-c // hot.block_m) * hot.cost < -(-c // block_m) * hot.base_cost)
+        is_hot.append(hot_e)
+        if hot_e:
+            top -= -(-c // hot.block_m) * hot.block_m
+            starts.append(top)
+            ends.append(top + -(-c // hot.block_m) * hot.block_m)
+        else:
+            starts.append(base)
+            base += -(-c // block_m) * block_m
+            ends.append(base)
+    return per_expert, starts, ends, is_hot, base
 
 
-def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing_mod):
+def _tile_map(num_tiles, tile, segments, per_expert):
+    """Expected (tile_expert, tile_rows) of ``tile``-row tiles over the experts' segments."""
+    want_tiles, want_rows = [-1] * num_tiles, [0] * num_tiles
+    for e, (lo, hi) in segments.items():
+        for r in range(lo, hi, tile):
+            want_tiles[r // tile] = e
+            want_rows[r // tile] = min(tile, len(per_expert[e]) - (r - lo))
+    return want_tiles, want_rows
+
+
+def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing_mod,
+                  hot=None):
     num_slots = topk_ids.numel()
-    per_expert, offsets = reference_routing(topk_ids.cpu(), num_experts, expert_start, block_m)
-    num_rows = routing_mod.padded_rows(num_slots, num_experts, block_m)
+    num_rows = routing_mod.padded_rows(num_slots, num_experts, block_m, hot)
+    per_expert, starts, ends, is_hot, base_total = reference_routing(
+        topk_ids.cpu(), num_experts, expert_start, block_m, num_rows, hot)
     sorted_slots = routing.sorted_slots.cpu().tolist()
-    tile_expert = routing.tile_expert.cpu().tolist()
     slot_row = routing.slot_row.cpu().tolist()
-    tensors = (routing.sorted_slots, routing.expert_offsets, routing.tile_expert,
-               routing.slot_row, routing.tile_rows)
+    tensors = [routing.sorted_slots, routing.expert_offsets, routing.tile_expert,
+               routing.slot_row, routing.tile_rows]
+    if hot is not None:
+        tensors += [routing.hot_tile_expert, routing.hot_tile_rows]
     for t in tensors:
         assert t.dtype == torch.int32
         # views of one allocation, each 16-byte aligned like a fresh one (the kernels'
@@ -67,25 +95,36 @@ def check_routing(routing, topk_ids, num_experts, expert_start, block_m, routing
     spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in tensors)
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
     assert len(sorted_slots) == num_rows and num_rows % block_m == 0
-    assert offsets[-1] <= num_rows, "static bound P too small"
-    assert routing.expert_offsets.cpu().tolist() == offsets
-    assert len(tile_expert) == num_rows // block_m
-    want_tiles = [-1] * (num_rows // block_m)
-    want_rows = [0] * (num_rows // block_m)
-    for e in range(num_experts):
-        for r in range(offsets[e], offsets[e + 1], block_m):
-            want_tiles[r // block_m] = e
-            want_rows[r // block_m] = min(block_m, len(per_expert[e]) - (r - offsets[e]))
-    assert tile_expert == want_tiles
-    assert routing.tile_rows.dtype == torch.int32
-    assert routing.tile_rows.cpu().tolist() == want_rows
+    hot_rows = sum(e - s for s, e, h in zip(starts, ends, is_hot, strict=True) if h)
+    assert base_total + hot_rows <= num_rows, "static bound P too small"
+    assert routing.expert_offsets.cpu().tolist() == starts + [base_total]
+    # base tiles cover the one-tile bound, hot tiles the last hot_region_rows rows
+    base_bound = routing_mod.padded_rows(num_slots, num_experts, block_m)
+    assert base_total <= base_bound
+    base_segments = {e: (starts[e], ends[e]) for e in range(num_experts) if not is_hot[e]}
+    assert (routing.tile_expert.cpu().tolist(), routing.tile_rows.cpu().tolist()) == _tile_map(
+        base_bound // block_m, block_m, base_segments, per_expert)
+    if hot is not None:
+        region = routing_mod.hot_region_rows(num_slots, num_experts, hot)
+        row0 = num_rows - region
+        assert routing.hot_block_m == hot.block_m and routing.hot_row0 == row0
+        assert row0 % hot.block_m == 0 and row0 >= 0
+        hot_segments = {e: (starts[e] - row0, ends[e] - row0) for e in range(num_experts)
+                        if is_hot[e]}
+        assert all(lo >= 0 for lo, _ in hot_segments.values()), "hot segment below the region"
+        assert (routing.hot_tile_expert.cpu().tolist(),
+                routing.hot_tile_rows.cpu().tolist()) == _tile_map(
+            region // hot.block_m, hot.block_m, hot_segments, per_expert)
+    used = [False] * num_rows
     for e, slots in enumerate(per_expert):
-        segment = sorted_slots[offsets[e]:offsets[e + 1]]
+        segment = sorted_slots[starts[e]:ends[e]]
+        used[starts[e]:ends[e]] = [True] * (ends[e] - starts[e])
         real = segment[:len(slots)]
         # Order inside a segment comes from int32 atomics (scheduling-dependent on a GPU).
         assert sorted(real) == slots, f"expert {e}: slots {sorted(real)} != {slots}"
         assert all(s == num_slots for s in segment[len(slots):]), f"expert {e} padding"
-    assert all(s == num_slots for s in sorted_slots[offsets[-1]:]), "rows past the end"
+    assert all(s == num_slots for s, u in zip(sorted_slots, used, strict=True) if not u), \
+        "rows outside every segment"
     local = {s for slots in per_expert for s in slots}
     assert len(slot_row) == num_slots
     for s in range(num_slots):
@@ -137,6 +176,41 @@ def test_routing_skew_all_to_one_expert(kernels, routing_path):
     check_routing(routing, ids, num_experts, 0, block_m, routing_mod)
     offsets = routing.expert_offsets.cpu().tolist()
     assert offsets[7] == 0 and offsets[8] == 48 and offsets[-1] == 48
+
+
+HOT_CASES = [
+    # name, T, k, E, id weights (None: uniform), block_m
+    ("one_hot_expert", 200, 2, 16, [40] + [1] * 15, 16),
+    ("several_hot", 300, 3, 32, [30, 20, 10, 10] + [1] * 28, 16),
+    ("all_cold", 20, 2, 16, None, 32),
+    ("hot_at_64", 160, 4, 8, [20, 1, 1, 1, 1, 1, 1, 1], 64),
+]
+
+
+@pytest.mark.parametrize("case", HOT_CASES, ids=[c[0] for c in HOT_CASES])
+def test_routing_hot_experts(case, kernels, routing_path):
+    """Experts with many rows take the hot tile, laid out downwards from the last row; the
+    rest keep the base tile; both tile maps and the slot map match the loops."""
+    from nvfp4_ops.kernels import dispatch
+
+    _, num_tokens, top_k, num_experts, weights, block_m = case
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(7)
+    if weights is None:
+        ids = _ids(num_tokens, top_k, 0, num_experts, torch.int32, g)
+    else:
+        probs = torch.tensor(weights, dtype=torch.float64).expand(num_tokens, -1)
+        ids = torch.multinomial(probs, top_k, replacement=False, generator=g).to(torch.int32)
+    ids = ids.to(device)
+    hot = dispatch.moe_hot_class(block_m)
+    routing = routing_mod.moe_routing(ids, num_experts, 0, block_m, hot=hot)
+    check_routing(routing, ids, num_experts, 0, block_m, routing_mod, hot)
+    counts = torch.bincount(ids.reshape(-1).long().cpu(), minlength=num_experts)
+    hot_experts = set(routing.hot_tile_expert.cpu().tolist()) - {-1}
+    if weights is None:
+        assert not hot_experts
+    else:
+        assert hot_experts and all(counts[e] >= hot.min_rows for e in hot_experts)
 
 
 def test_routing_repeated_ids_in_one_row(kernels, routing_path):
@@ -382,24 +456,36 @@ def torch_gemm(plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows=Non
                        kperm=plan.act_order != "natural", tile_rows=tile_rows)
 
 
-def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm):
+def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm, hot=False):
     """A MoE plan for the torch stand-in GEMM: the routing's tile and padded rows as the op
     computes them, the activation order stated independently (pair at 8, kperm at 16+);
-    its GEMM "configs" carry only what the stand-in reads."""
+    its GEMM "configs" carry only what the stand-in reads. ``hot``: with the base tile's hot
+    class (``dispatch.moe_hot_class``)."""
     from types import SimpleNamespace
 
-    from nvfp4_ops.kernels.dispatch import GemmPlan, MoEPlan, WeightOrder, moe_block_m
+    from nvfp4_ops.kernels.dispatch import (
+        GemmPlan,
+        HotPlan,
+        MoEPlan,
+        WeightOrder,
+        moe_block_m,
+        moe_hot_class,
+    )
     from nvfp4_ops.kernels.triton.moe_routing import padded_rows
 
     bm = block_m or moe_block_m(num_tokens * top_k, num_experts)
     layout = ("pair" if bm == 8 else "kperm") if kperm else "natural"
     order = WeightOrder.CHECKPOINT
 
-    def gemm(epilogue):
-        return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=bm), layout, order)
+    def gemm(epilogue, tile=bm):
+        return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=tile), layout,
+                        order)
 
-    return MoEPlan(padded_rows(num_tokens * top_k, num_experts, bm), gemm("swiglu"),
-                   gemm("row_scale"))
+    hot_class = moe_hot_class(bm) if hot else None
+    hot_plan = None if hot_class is None else HotPlan(
+        hot_class, gemm("swiglu", hot_class.block_m), gemm("row_scale", hot_class.block_m))
+    return MoEPlan(padded_rows(num_tokens * top_k, num_experts, bm, hot_class),
+                   gemm("swiglu"), gemm("row_scale"), hot_plan)
 
 
 @pytest.fixture(scope="module")
@@ -450,6 +536,37 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
     assert err < bound, f"relative L2 error {err:.2e}"
     if id_range not in (None, "skew"):
         assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_orchestration_hot_experts(kernels, tiny_experts, block_m):
+    """Two token tiles in one call: a hot expert (every token's first choice) in the hot
+    tile, the others in the base tile; each GEMM runs once per tile over the same buffers,
+    and the result is the reference's. The plan must really have put an expert in a hot
+    tile (checked on the routing), or the test would not test the second tile."""
+    device, routing_mod, _ = kernels
+    from nvfp4_ops.kernels.moe_cuda import moe_forward
+    from nvfp4_ops.reference import moe_reference
+    from nvfp4_ops.testing import random_routing, rel_l2
+
+    torch.manual_seed(9)
+    num_tokens, top_k, num_experts = 90, 6, tiny_experts.num_experts
+    hidden = torch.randn(num_tokens, 256).to(torch.bfloat16)
+    ids, weights = random_routing(num_tokens, num_experts, top_k)
+    ids[:, 0] = 3
+    ids[:, 1:] = torch.where(ids[:, 1:] == 3, 4, ids[:, 1:])
+    args = (hidden, ids, weights, *tiny_experts.args(), 0, 10.0, 1.5)
+    want = moe_reference(*args)
+    plan = stand_in_plan(num_tokens, top_k, num_experts, block_m, True, hot=True)
+    assert plan.hot is not None
+    dev_args = [t.to(device) if isinstance(t, torch.Tensor) else t for t in args]
+    routing = routing_mod.moe_routing(dev_args[1], num_experts, 0, block_m,
+                                      hot=plan.hot.routing)
+    assert 3 in routing.hot_tile_expert.cpu().tolist()
+    assert 3 not in routing.tile_expert.cpu().tolist()
+    got = moe_forward(*dev_args, plan=plan, gemm=torch_gemm, pdl=False).cpu()
+    err = rel_l2(got, want)
+    assert err < (8e-3 if device == "cpu" else 3e-3), f"relative L2 error {err:.2e}"
 
 
 def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):

@@ -3,8 +3,9 @@
 For each shape, T, routing and EP slice, times the whole op (routing, gather, both GEMMs,
 combine; ``moe_cuda.moe_forward``) at every ``block_m`` the dispatch could choose
 (``dispatch.plan_moe(block_m=...)``), one call per CUDA-graph replay with a read flush, and
-prints the µs per tile next to the tile the policy picks (``*``) and the tiles the routing
-really needs (``sum_e ceil(rows_e / block_m)``). Tiles not precompiled are compiled first
+prints the µs per tile (one tile for all experts, ``hot=False``) next to the tile the policy
+picks (``*``), the tiles the routing really needs (``sum_e ceil(rows_e / block_m)``) and, where
+the policy adds a hot tile, the op's own plan. Tiles not precompiled are compiled first
 (slow): run ``python -m nvfp4_ops precompile --shape v4-flash --shape v4-pro`` before.
 
 ``--variants``: at each tile, also time the whole op with one GEMM's WGMMA tile shape changed
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
                                                      s.intermediate, global_num_experts=s.experts,
-                                                     block_m=bm, order=dispatch.WeightOrder.WPERM)
+                                                     block_m=bm, order=dispatch.WeightOrder.WPERM,
+                                                     hot=False)
                         except ValueError:
                             continue
                         if plan is None or plan.block_m != bm:
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             plan = dispatch.plan_moe(num_tokens, k, local, h, i,
                                                      global_num_experts=e, block_m=bm,
-                                                     order=dispatch.WeightOrder.WPERM)
+                                                     order=dispatch.WeightOrder.WPERM,
+                                                     hot=False)
                         except ValueError:
                             continue
                         if plan is None or plan.block_m != bm:
@@ -159,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  bm {bm}: {type(exc).__name__}: {exc}"[:200])
                         if args.variants and bm in cells:
                             time_variants(plan, call, cells[bm], args, flush)
+                    if policy.hot is not None:  # the op's own plan: its tile plus a hot one
+                        call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
+                                                 *w, start, s.swiglu_limit, 1.0, plan=policy)
+                        hot_us = time_one_call(call, args.reps, flush)
+                        print(f"    policy {policy.block_m} + hot {policy.hot.routing.block_m}:"
+                              f" {hot_us:8.1f} us", flush=True)
                     need = {bm: int(((counts + bm - 1) // bm).sum()) for bm in cells}
                     best = min(cells, key=cells.get) if cells else None
                     line = " ".join(

@@ -39,6 +39,7 @@ plans (and compiles) need no GPU; on a part with fewer SMs they are only less tu
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -47,12 +48,14 @@ from typing import Any
 
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.kperm import KPERM, NATURAL, PAIR
-from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, padded_rows
 
 __all__ = [
     "BLOCK_MS",
     "MOE_TILE_COST",
     "GemmPlan",
+    "HotPlan",
+    "MOE_HOT_TILE",
     "MoEPlan",
     "WeightOrder",
     "dense_block_m",
@@ -62,6 +65,7 @@ __all__ = [
     "moe_block_m",
     "moe_supported",
     "moe_act_orders",
+    "moe_hot_class",
     "moe_wperm_supported",
     "plan_gemm",
     "plan_linear",
@@ -130,6 +134,9 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
 MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
+#: MoE: the hot token tile of each base WGMMA tile (experts whose rows cost less in it take
+#: it, decided per call on the device: ``moe_routing``, "Hot experts")
+MOE_HOT_TILE = {16: 128, 32: 128, 64: 256, 128: 256}
 #: stream-K WGMMA tiles on prepared dense weights: ``block_m -> (row_wgs, CTAs per SM)``
 STREAMK_TILES = {16: (1, 3), 32: (1, 3), 128: (2, 1)}
 #: ring stages of the stream-K tiles (128 k per stage)
@@ -166,17 +173,30 @@ class GemmPlan:
 
 
 @dataclass(frozen=True)
+class HotPlan:
+    """The hot experts' token tile of a MoE call: the routing's rule (``routing``) and the
+    two grouped GEMMs at that tile (same activation and weight order as the base tile's)."""
+
+    routing: HotClass
+    gate_up: GemmPlan
+    down: GemmPlan
+
+
+@dataclass(frozen=True)
 class MoEPlan:
     """Everything ``nvfp4::moe`` runs for one set of static sizes.
 
     ``num_rows``: the padded row count ``P`` of the gathered buffer; ``gate_up`` / ``down``:
     the two grouped GEMMs (both launched with launch overlap), which share one token tile,
     one activation order and one weight order; the properties read them from ``gate_up``.
+    ``hot``: the second tile for experts with many rows (None: one tile for all), whose
+    GEMMs run after each base GEMM over the same buffers.
     """
 
     num_rows: int
     gate_up: GemmPlan
     down: GemmPlan
+    hot: HotPlan | None = None
 
     @property
     def block_m(self) -> int:
@@ -249,6 +269,23 @@ def moe_block_m(num_slots: float, num_experts: int) -> int:
     if mean >= 4 * BLOCK_MS[-1]:
         return BLOCK_MS[-1]
     return min(BLOCK_MS, key=lambda bm: expected_tiles(mean, bm) * MOE_TILE_COST[bm])
+
+
+@functools.cache
+def moe_hot_class(block_m: int) -> HotClass | None:
+    """The hot class of base tile ``block_m`` (:data:`MOE_HOT_TILE`; None for 8 and 256): an
+    expert takes the hot tile when that costs less (:data:`MOE_TILE_COST`) and it has at
+    least ``min_rows`` rows: half a hot tile, or more where the base tile is still cheaper
+    there. The floor bounds the hot experts (at most ``N / min_rows``), hence the extra padded
+    rows they can need (:func:`~nvfp4_ops.kernels.triton.moe_routing.padded_rows`)."""
+    hot = MOE_HOT_TILE.get(block_m)
+    if hot is None:
+        return None
+    cost, base_cost = round(100 * MOE_TILE_COST[hot]), round(100 * MOE_TILE_COST[block_m])
+    min_rows = hot // 2
+    while -(-min_rows // hot) * cost >= -(-min_rows // block_m) * base_cost:
+        min_rows += 1
+    return HotClass(hot, min_rows, cost, base_cost)
 
 
 def gemm_supported(n_out: int, k: int) -> bool:
@@ -550,7 +587,7 @@ def plan_mlp(hidden_size: int, inter: int, num_tokens: int, *,
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, *,
              global_num_experts: int = -1, order: WeightOrder = WeightOrder.CHECKPOINT,
              block_m: int | None = None, permuted: bool | None = None,
-             chained: bool = True) -> MoEPlan | None:
+             chained: bool = True, hot: bool = True) -> MoEPlan | None:
     """The plan of ``nvfp4::moe`` on CUDA for ``num_tokens >= 1`` tokens routed top-``k`` over
     ``num_experts`` local experts of ``global_num_experts`` (-1: unknown, taken as all local);
     None where the grouped GEMMs do not cover ``(H, I)``.
@@ -559,9 +596,13 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     (:func:`local_slots`): one rank of EP 8 sees about 1/8 of them, and a tile sized for all
     ``T * k`` would be mostly padding rows.
 
-    ``block_m`` / ``permuted`` override the policy's token tile / activation order, and
-    ``chained=False`` launches the GEMMs without launch overlap (tests and A/B tools only; the
-    op never passes them).
+    Experts with many rows may take a larger hot tile (:func:`moe_hot_class`), decided on the
+    device from their real counts: wherever the base tile has one, its kernels read the same
+    activation order, and ``N`` slots leave room for at least one hot expert.
+
+    ``block_m`` / ``permuted`` override the policy's token tile / activation order,
+    ``chained=False`` launches the GEMMs without launch overlap and ``hot=False`` keeps one
+    tile for all experts (tests and tools only; the op never passes them).
 
     Raises:
         ValueError: ``order`` is WPERM but the kernels at this tile cannot read it
@@ -576,14 +617,36 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         block_m = _moe_tile(moe_block_m(slots, num_experts), hidden_size, inter)
     if permuted is None:
         permuted = _grouped_permuted(hidden_size, inter, block_m)
-    num_rows = padded_rows(num_tokens * top_k, num_experts, block_m)
-    m_tiles = _grouped_m_tiles(num_rows, block_m)
-    common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=chained,
-                  order=order)
-    gate_up = plan_gemm(2 * inter, hidden_size, block_m, epilogue="swiglu", **common)
-    down = plan_gemm(hidden_size, inter, block_m, epilogue="row_scale", **common)
-    assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
-    return MoEPlan(num_rows, gate_up, down)
+    num_slots = num_tokens * top_k
+    hot_class = moe_hot_class(block_m) if hot and permuted else None
+    if hot_class is not None and not (
+            _moe_tile(hot_class.block_m, hidden_size, inter) == hot_class.block_m
+            and _grouped_permuted(hidden_size, inter, hot_class.block_m)
+            and hot_experts_bound(num_slots, num_experts, hot_class) > 0):
+        hot_class = None
+    num_rows = padded_rows(num_slots, num_experts, block_m, hot_class)
+
+    def gemms(tile: int, sibling: bool = False) -> tuple[GemmPlan, GemmPlan]:
+        common = dict(grouped=True, m_tiles=_grouped_m_tiles(num_rows, tile),
+                      permuted=permuted, chained=chained, order=order)
+        gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
+        down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common)
+        assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
+        if sibling and chained:  # the base GEMMs run beside the hot ones (moe_cuda)
+            gate_up, down = _sibling(gate_up), _sibling(down)
+        return gate_up, down
+
+    gate_up, down = gemms(block_m, sibling=hot_class is not None)
+    hot_plan = None
+    if hot_class is not None:
+        hot_plan = HotPlan(hot_class, *gemms(hot_class.block_m))
+        assert hot_plan.gate_up.act_order == gate_up.act_order
+    return MoEPlan(num_rows, gate_up, down, hot_plan)
+
+
+def _sibling(plan: GemmPlan) -> GemmPlan:
+    """``plan`` launched beside the previous kernel (``WgmmaConfig.sibling``)."""
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, sibling=True))
 
 
 # ---------------------------------------------------------------------------- reachability
@@ -630,8 +693,13 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
             for m_tiles in range(1, PERSIST_MAX_TILES + 2):
                 common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=True,
                               order=order)
-                add(plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common))
-                add(plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common))
+                for plan in (plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu",
+                                       **common),
+                             plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
+                                       **common)):
+                    add(plan)
+                    if permuted and moe_hot_class(tile) is not None:
+                        add(_sibling(plan))  # the base tile beside a hot one
     return list(seen.values())
 
 

@@ -46,6 +46,16 @@ it is ordered:
 * a kernel cannot complete before its predecessor (CTA 0 waits), so when the combine completes
   the whole chain has, and the next (plain-launched) kernel sees every buffer settled.
 
+**Two token tiles** (``plan.hot``: hot experts in a larger tile, :mod:`~nvfp4_ops.kernels.
+triton.moe_routing`, "Hot experts"): each GEMM runs once per tile, the hot one first and the
+base one *beside* it (``WgmmaConfig.sibling``): the base GEMM does not wait, since what it
+reads was complete when the hot GEMM let it launch (the hot GEMM's CTAs trigger only after
+their own wait, CTA 0 always) and the rows it writes are not the hot GEMM's; its CTA 0 waits
+at its end, so it still completes only after the hot GEMM, and the ordering argument above
+holds for the chain gather -> hot 1 -> base 1 -> hot 2 -> base 2 -> combine. Why beside: a
+few hot experts give the hot GEMM only a few CTAs, which after the base GEMM would leave
+most SMs idle.
+
 The routing kernel itself is launched plainly (after whatever produced ``topk_ids``) and lets
 the gather launch at once. The WGMMA GEMMs (block_m >= 16) overlap the same way: their
 producer streams the first stages' weight boxes before its wait, the activation tiles after it.
@@ -72,6 +82,7 @@ import torch
 from nvfp4_ops._validate import NVFP4InputError
 from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
+from nvfp4_ops.kernels.kperm import KPERM
 from nvfp4_ops.kernels.linear_cuda import (
     gate_up_global_view,
     per_group_global_view,
@@ -102,7 +113,8 @@ def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts
     """Fresh :class:`MoEBuffers` for ``plan`` (``P = plan.num_rows`` rows), ``N = num_slots``
     slots, ``E`` local experts and sizes ``H``, ``I``."""
     rows, bf16 = plan.num_rows, torch.bfloat16
-    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m),
+    hot = plan.hot.routing if plan.hot is not None else None
+    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m, hot),
                       torch.empty(rows, hidden_size, dtype=bf16, device=device),
                       torch.empty(rows, dtype=torch.float32, device=device),
                       torch.empty(rows, inter, dtype=bf16, device=device),
@@ -137,7 +149,7 @@ def _call_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_exper
     index = device.index
     # the sizes the buffers depend on (not the plan itself: hashing it costs microseconds)
     key = (index, torch._C._cuda_getCurrentRawStream(index), plan.num_rows, plan.block_m,
-           num_slots, num_experts, hidden_size, inter)
+           num_slots, num_experts, hidden_size, inter, plan.hot is not None and plan.hot.routing)
     hit = _reused.get(key)
     if hit is not None:
         _reused.move_to_end(key)
@@ -184,21 +196,32 @@ def moe_forward(
     top_k = topk_ids.shape[1]
     bufs = _call_buffers(hidden.device, plan, num_tokens * top_k, num_experts, hidden_size,
                          inter)
+    hot = plan.hot
     routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
-                          buffers=bufs.routing)
+                          buffers=bufs.routing, hot=hot.routing if hot is not None else None)
     a, row_scale = gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                                out=(bufs.a, bufs.row_scale))
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     w13_rows = gate_up_global_view(w13_global, inter)
     w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
                else per_row_global_view(w2_global, hidden_size))
-    # check=False: the op validated the arguments and every buffer here is built for the plan
-    gemm(plan.gate_up, a, w13, w13_scale, w13_rows, bufs.act, tile_expert=routing.tile_expert,
-         tile_rows=routing.tile_rows, row_scale=None, swiglu_limit=swiglu_limit,
-         check=False)
-    gemm(plan.down, bufs.act, w2, w2_scale, w2_rows, bufs.expert_out,
-         tile_expert=routing.tile_expert, tile_rows=routing.tile_rows, row_scale=row_scale,
-         swiglu_limit=None, check=False)
+    # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
+    # the base tile beside it (module docstring, "Two token tiles"); check=False: the op
+    # validated the arguments and every buffer here is built for the plan
+    base_rows = routing.tile_expert.shape[0] * plan.block_m
+    tiles = [(plan.gate_up, plan.down, slice(0, base_rows), routing.tile_expert,
+              routing.tile_rows)]
+    if hot is not None:
+        tiles.insert(0, (hot.gate_up, hot.down, slice(routing.hot_row0, None),
+                         routing.hot_tile_expert, routing.hot_tile_rows))
+    for gate_up, _, rows, tile_expert, tile_rows in tiles:
+        gemm(gate_up, a[rows], w13, w13_scale, w13_rows, bufs.act[rows],
+             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
+             swiglu_limit=swiglu_limit, check=False)
+    for _, down, rows, tile_expert, tile_rows in tiles:
+        gemm(down, bufs.act[rows], w2, w2_scale, w2_rows, bufs.expert_out[rows],
+             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=row_scale[rows],
+             swiglu_limit=None, check=False)
     return combine(bufs.expert_out, routing.slot_row, num_tokens, top_k, output_scale,
                    pdl=pdl)
 
@@ -261,9 +284,12 @@ def warmup_triton(hidden_size: int, top_k: int, tiles: list[tuple[int, str]],
         ids = (torch.arange(num_tokens * top_k, device=device) % (num_experts + 1)).to(id_dtype)
         ids = ids.reshape(num_tokens, top_k)
         for block_m, layout in tiles:
-            for pdl in (False, True):
-                routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl)
-                a, _ = gather_rows(hidden, weights, routing, layout, pdl=pdl)
-                combine(a, routing.slot_row, num_tokens, top_k, 1.0, pdl=pdl)
-            names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{layout}_{id_dtype}")
+            hot_class = dispatch.moe_hot_class(block_m) if layout == KPERM else None
+            for hot in (None, hot_class) if hot_class is not None else (None,):
+                for pdl in (False, True):
+                    routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl, hot=hot)
+                    a, _ = gather_rows(hidden, weights, routing, layout, pdl=pdl)
+                    combine(a, routing.slot_row, num_tokens, top_k, 1.0, pdl=pdl)
+                names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{layout}"
+                             f"{f'_hot{hot.block_m}' if hot else ''}_{id_dtype}")
     return names

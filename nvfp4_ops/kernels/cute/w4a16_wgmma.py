@@ -191,6 +191,12 @@ class WgmmaConfig(GemmProblem):
     #: only after it; the consumers wait before they touch anything else, then let the next
     #: kernel launch (the ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
     pdl: bool = False
+    #: (with ``pdl``, grouped) the launch runs beside the previous kernel instead of after it:
+    #: what it reads was complete when the previous kernel let it launch, and it writes rows
+    #: the previous kernel does not touch (the MoE's base-tile GEMM after its hot-tile GEMM,
+    #: ``moe_cuda``, "Two token tiles"). So no thread waits before working; CTA 0 waits at
+    #: its end, so the grid still completes only after the previous one
+    sibling: bool = False
     #: the weight codes are in the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
     wperm: bool = False
@@ -246,6 +252,8 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
         if self.pdl and not (self.grouped or self.streamk):
             raise ValueError("pdl (launch overlap) is for grouped problems and stream-K tiles")
+        if self.sibling and not (self.pdl and self.grouped and not self.streamk):
+            raise ValueError("sibling is for grouped launch-overlap (pdl) problems")
         if self.k < 2 * BLOCK_K * self.split_k:
             raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
         if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
@@ -298,7 +306,8 @@ class WgmmaConfig(GemmProblem):
         return (
             f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
+            f"{'_pdl' if self.pdl else ''}{'_sib' if self.sibling else ''}"
+            f"{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'_sa' if self.scale_ahead else ''}_{self.arch}"
         )
@@ -633,6 +642,11 @@ class W4A16WgmmaGemm:
             # a skipped tile: this grid must still not complete before the previous one
             if bidx + bidy == 0:
                 cute.arch.griddepcontrol_wait()
+        if const_expr(cfg.sibling):
+            # nothing waited before working: CTA 0 waits now, so this grid completes only
+            # after the previous one (a second wait of a skipped CTA 0 returns at once)
+            if bidx + bidy == 0:
+                cute.arch.griddepcontrol_wait()
 
     def tma_views(self, tma_b, m_b, tma_w, m_w, s_b, s_w, token_tile):
         """The producer's TMA partitions ``(t_sb, t_gb, t_sw, t_gw)``: the activation ring and
@@ -680,7 +694,8 @@ class W4A16WgmmaGemm:
                     cute.copy(tma_w, t_gw[(None, box_rows[i], pk)],
                               t_sw[(None, state.index * nb + i)], tma_bar_ptr=wbar)
                 state.advance()
-            cute.arch.griddepcontrol_wait()
+            if const_expr(not cfg.sibling):
+                cute.arch.griddepcontrol_wait()
             early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                  self.stages)
             for pk in cutlass.range_constexpr(first):
@@ -1000,8 +1015,10 @@ class W4A16WgmmaGemm:
 
         if const_expr(cfg.pdl):
             # row scales (the gather's) and the output belong to the chain: wait for the
-            # previous kernel, then let the next one launch (moe_cuda, "Launch overlap")
-            cute.arch.griddepcontrol_wait()
+            # previous kernel (a sibling does not: config docstring), then let the next one
+            # launch (moe_cuda, "Launch overlap")
+            if const_expr(not cfg.sibling):
+                cute.arch.griddepcontrol_wait()
             if tidx == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)

@@ -6,7 +6,9 @@ token count up to a multiple of ``block_m`` (nothing is ever dropped, there is n
 
 * ``expert_offsets int32 [E+1]``: padded segment starts; expert ``e`` owns rows
   ``[expert_offsets[e], expert_offsets[e+1])``; every entry is a multiple of ``block_m``;
-  an expert without tokens has an empty segment.
+  an expert without tokens has an empty segment. (With hot experts, below: a hot expert's
+  entry is the start of its segment in the hot region, and ``expert_offsets[E]`` ends the
+  base region.)
 * ``sorted_slots int32 [P]``: the slot held by each padded row, ``N`` (sentinel) for padding
   rows and for rows past the last segment.
 * ``tile_expert int32 [P / block_m]``: local expert of each ``block_m``-row tile, -1 for the
@@ -22,6 +24,18 @@ token count up to a multiple of ``block_m`` (nothing is ever dropped, there is n
 ``N + E * (block_m - 1)`` at decode: T = 1, k = 6, E = 256, block_m = 8 gives 48, not 1800).
 Every grid size comes from ``N``, ``E``, ``P`` and ``H`` alone, so the launches can be
 captured in a CUDA graph and replayed with new routing.
+
+**Hot experts** (an optional second token tile, :class:`HotClass`). Under skewed routing a
+few experts get far more rows than the rest, and one tile for all is wrong for both (small
+tiles stream a hot expert's weights many times, large ones pad the cold experts). With a hot
+class, each expert takes the tile that costs it less (``ceil(rows / tile) * cost``, from its
+real count, on the device): base experts' segments are laid out upwards from row 0 as above,
+hot experts' segments (padded to ``hot.block_m``) downwards from row ``P``, and the hot tiles
+are described by their own ``hot_tile_expert`` / ``hot_tile_rows`` over the last rows that
+can hold them (:func:`hot_region_rows`; -1 / 0 outside the hot segments). The base tiles keep
+the one-tile bound (base segments never pass it). Each GEMM then runs twice, once per tile,
+each over its own tiles. ``P`` grows by ``hot.block_m - block_m`` rows per expert that can be
+hot (at most ``N / hot.min_rows``), so both regions always fit without overlapping.
 
 Four launches (one fused single-CTA kernel when ``N <= FUSED_MAX_SLOTS``), none reads a device
 value on the host:
@@ -77,10 +91,33 @@ MAX_EXPERTS = 512
 FUSED_MAX_SLOTS = 4096
 
 
-def padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
-    """Static row count ``P`` of the padded, expert-grouped buffer (see module docstring)."""
+def hot_experts_bound(num_slots: int, num_experts: int, hot: HotClass | None) -> int:
+    """At most this many experts can be hot: each has at least ``hot.min_rows`` slots."""
+    if hot is None:
+        return 0
+    return min(num_experts, num_slots // hot.min_rows)
+
+
+def hot_region_rows(num_slots: int, num_experts: int, hot: HotClass | None) -> int:
+    """Rows at the end of the buffer that can hold hot segments: ``N`` real rows and at most
+    ``hot.block_m - 1`` padding rows per possible hot expert, rounded to the hot tile."""
+    if hot is None:
+        return 0
+    bound = num_slots + hot_experts_bound(num_slots, num_experts, hot) * (hot.block_m - 1)
+    return triton.cdiv(bound, hot.block_m) * hot.block_m
+
+
+def padded_rows(num_slots: int, num_experts: int, block_m: int,
+                hot: HotClass | None = None) -> int:
+    """Static row count ``P`` of the padded, expert-grouped buffer (see module docstring):
+    ``N`` real rows, at most ``block_m - 1`` padding rows per non-empty expert, and
+    ``hot.block_m - block_m`` more per expert that can be hot; a multiple of both tiles."""
     bound = num_slots + min(num_experts, num_slots) * (block_m - 1)
-    return triton.cdiv(bound, block_m) * block_m
+    tile = block_m
+    if hot is not None:
+        bound += hot_experts_bound(num_slots, num_experts, hot) * (hot.block_m - block_m)
+        tile = hot.block_m
+    return triton.cdiv(bound, tile) * tile
 
 
 def _int32_buffers(device: torch.device, *sizes: int) -> list[torch.Tensor]:
@@ -98,33 +135,59 @@ def _int32_buffers(device: torch.device, *sizes: int) -> list[torch.Tensor]:
 
 
 def routing_buffers(device: torch.device, num_slots: int, num_experts: int,
-                    block_m: int) -> tuple[torch.Tensor, ...]:
+                    block_m: int, hot: HotClass | None = None) -> tuple[torch.Tensor, ...]:
     """The int32 buffers :func:`moe_routing` writes for ``N = num_slots`` slots, ``E`` local
-    experts and ``block_m`` (uninitialised, views of one allocation): ``expert_offsets
-    [E + 1]``, ``tile_expert [P / block_m]``, ``tile_rows [P / block_m]``, ``sorted_slots
-    [P]``, ``slot_row [N]`` and the kernels' own scratch. A caller that runs the routing
-    repeatedly for the same sizes on one stream may reuse them (each call rewrites all)."""
-    num_rows = padded_rows(num_slots, num_experts, block_m)
-    num_tiles = num_rows // block_m
+    experts, ``block_m`` and the ``hot`` class (uninitialised, views of one allocation):
+    ``expert_offsets [E + 1]``, ``tile_expert [P1 / block_m]``, ``tile_rows [P1 / block_m]``
+    (``P1``: the rows without the hot class, which base segments never pass), ``sorted_slots
+    [P]``, ``slot_row [N]``, the kernels' own scratch, then the hot class's ``tile_expert``
+    and ``tile_rows`` ``[R / hot.block_m]`` over the last ``R`` rows (:func:`hot_region_rows`;
+    empty without one). A caller
+    that runs the routing repeatedly for the same sizes on one stream may reuse them (each
+    call rewrites all)."""
+    # base tiles cover the one-tile bound (base segments never reach past it), hot tiles the
+    # hot region at the end
+    num_rows = padded_rows(num_slots, num_experts, block_m, hot)
+    num_tiles = padded_rows(num_slots, num_experts, block_m) // block_m
+    hot_tiles = hot_region_rows(num_slots, num_experts, hot) // hot.block_m if hot else 0
     # the fused kernel's scratch (counts, cursors), or the multi-kernel path's write cursors
     work = 2 * _e_pad(num_experts) if num_slots <= FUSED_MAX_SLOTS else num_experts
     return tuple(_int32_buffers(device, num_experts + 1, num_tiles, num_tiles, num_rows,
-                                num_slots, work))
+                                num_slots, work, hot_tiles, hot_tiles))
 
 
 def _e_pad(num_experts: int) -> int:
     return max(MAX_EXPERTS, triton.next_power_of_2(num_experts))
 
 
+class HotClass(NamedTuple):
+    """The second token tile of a MoE call (module docstring, "Hot experts"): an expert with
+    ``rows >= min_rows`` whose rows cost less in ``block_m``-row tiles than in the base tile
+    (``ceil(rows / block_m) * cost < ceil(rows / base) * base_cost``; costs in integer units,
+    :data:`nvfp4_ops.kernels.dispatch.MOE_TILE_COST` x 100) takes this tile."""
+
+    block_m: int
+    min_rows: int
+    cost: int
+    base_cost: int
+
+
 class MoERouting(NamedTuple):
-    """Routing metadata for one MoE call (all int32, on the device of ``topk_ids``)."""
+    """Routing metadata for one MoE call (all int32, on the device of ``topk_ids``).
+    ``hot_tile_expert`` / ``hot_tile_rows`` ``[R // hot_block_m]`` describe the hot class's
+    tiles over the last ``R = P - hot_row0`` rows (:func:`hot_region_rows`; empty,
+    ``hot_block_m = 0``, without one)."""
 
     sorted_slots: torch.Tensor  # [P]
     expert_offsets: torch.Tensor  # [E + 1]
-    tile_expert: torch.Tensor  # [P // block_m]
+    tile_expert: torch.Tensor  # [P1 // block_m], P1 = padded_rows without the hot class
     slot_row: torch.Tensor  # [T * k]
     block_m: int
-    tile_rows: torch.Tensor  # [P // block_m]
+    tile_rows: torch.Tensor  # [P1 // block_m]
+    hot_tile_expert: torch.Tensor | None = None
+    hot_tile_rows: torch.Tensor | None = None
+    hot_block_m: int = 0
+    hot_row0: int = 0  # first row of the hot region (hot tile 0)
 
 
 @triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
@@ -136,35 +199,59 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_slots, expert_start, num_experts
 
 @triton.jit
 def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
-          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
-          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr):
+          hot_tile_expert_ptr, hot_tile_rows_ptr, sorted_slots_ptr, num_slots, num_rows,
+          num_tiles, num_experts, hot_min_rows, hot_cost, base_cost, hot_row0, num_hot_tiles,
+          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_M_HOT: tl.constexpr,
+          FILL_BLOCK: tl.constexpr):
     e = tl.arange(0, E_PAD)
     is_expert = e < num_experts
     # volatile: in the fused kernel the counts were just produced by atomics (L2) in this CTA
     counts = tl.load(counts_ptr + e, mask=is_expert, other=0, volatile=True)
-    padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
+    base_tiles = (counts + (BLOCK_M - 1)) // BLOCK_M
+    hot_tiles = (counts + (BLOCK_M_HOT - 1)) // BLOCK_M_HOT
+    hot = (counts >= hot_min_rows) & (hot_tiles * hot_cost < base_tiles * base_cost)
+    padded = tl.where(hot, 0, base_tiles * BLOCK_M)
+    padded_hot = tl.where(hot, hot_tiles * BLOCK_M_HOT, 0)
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
     total = tl.sum(padded, 0)
+    # hot segments are laid out downwards from the last row, in expert order
+    hot_starts = num_rows - tl.cumsum(padded_hot, 0)
+    total_hot = tl.sum(padded_hot, 0)
+    starts = tl.where(hot, hot_starts, starts)
     tl.store(expert_offsets_ptr + e, starts, mask=is_expert)
     tl.store(expert_offsets_ptr + num_experts + e * 0, total, mask=e == 0)
     tl.store(cursor_ptr + e, starts, mask=is_expert)
     # Each expert (one lane) writes the tiles of its segment, one tile per step: as many steps
     # as the largest segment has tiles (1-2 at decode), not one pass over every tile.
-    seg_tiles = padded // BLOCK_M
+    seg_tiles = tl.where(hot, 0, base_tiles)
     first_tile = starts // BLOCK_M
     for i in range(0, tl.max(seg_tiles, 0)):
         has = i < seg_tiles
         tl.store(tile_expert_ptr + first_tile + i, e, mask=has)
         tl.store(tile_rows_ptr + first_tile + i, tl.minimum(counts - i * BLOCK_M, BLOCK_M),
                  mask=has)
-    # the tiles past the last segment, and the sentinel in every row
+    hot_seg_tiles = tl.where(hot, hot_tiles, 0)
+    hot_first = (starts - hot_row0) // BLOCK_M_HOT  # hot tiles count from row hot_row0
+    for i in range(0, tl.max(hot_seg_tiles, 0)):
+        has = i < hot_seg_tiles
+        tl.store(hot_tile_expert_ptr + hot_first + i, e, mask=has)
+        tl.store(hot_tile_rows_ptr + hot_first + i,
+                 tl.minimum(counts - i * BLOCK_M_HOT, BLOCK_M_HOT), mask=has)
+    # the base tiles past the last base segment, the hot tiles below the lowest hot segment,
+    # and the sentinel in every row
     used_tiles = total // BLOCK_M
     for t0 in range(0, num_tiles, FILL_BLOCK):
         tiles = t0 + tl.arange(0, FILL_BLOCK)
         past = (tiles >= used_tiles) & (tiles < num_tiles)
         tl.store(tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=past)
         tl.store(tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=past)
+    free_hot_tiles = num_hot_tiles - total_hot // BLOCK_M_HOT
+    for t0 in range(0, num_hot_tiles, FILL_BLOCK):
+        tiles = t0 + tl.arange(0, FILL_BLOCK)
+        below = tiles < free_hot_tiles
+        tl.store(hot_tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=below)
+        tl.store(hot_tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=below)
     sentinel = tl.full([FILL_BLOCK], 0, tl.int32) + num_slots
     for r0 in range(0, num_rows, FILL_BLOCK):
         rows = r0 + tl.arange(0, FILL_BLOCK)
@@ -195,22 +282,29 @@ def _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, offs, num_s
     tl.store(slot_row_ptr + offs, tl.where(is_local, row, -1), mask=in_range)
 
 
-@triton.jit(do_not_specialize=["num_slots", "num_rows", "num_tiles", "num_experts"])
+_SCAN_RUNTIME = ["num_slots", "num_rows", "num_tiles", "num_experts", "hot_min_rows",
+                 "hot_cost", "base_cost", "hot_row0", "num_hot_tiles"]
+
+
+@triton.jit(do_not_specialize=_SCAN_RUNTIME)
 def _scan_kernel(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
-                 sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts,
-                 E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr):
+                 hot_tile_expert_ptr, hot_tile_rows_ptr, sorted_slots_ptr, num_slots,
+                 num_rows, num_tiles, num_experts, hot_min_rows, hot_cost, base_cost,
+                 hot_row0, num_hot_tiles, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_M_HOT: tl.constexpr, FILL_BLOCK: tl.constexpr):
     _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
-          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
-          FILL_BLOCK)
+          hot_tile_expert_ptr, hot_tile_rows_ptr, sorted_slots_ptr, num_slots, num_rows,
+          num_tiles, num_experts, hot_min_rows, hot_cost, base_cost, hot_row0, num_hot_tiles,
+          E_PAD, BLOCK_M, BLOCK_M_HOT, FILL_BLOCK)
 
 
-@triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts", "num_rows",
-                               "num_tiles"])
+@triton.jit(do_not_specialize=["expert_start", *_SCAN_RUNTIME])
 def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_expert_ptr,
-                          tile_rows_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
-                          expert_start, num_experts,
-                          num_rows, num_tiles,
-                          E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr,
+                          tile_rows_ptr, hot_tile_expert_ptr, hot_tile_rows_ptr,
+                          sorted_slots_ptr, slot_row_ptr, num_slots, expert_start,
+                          num_experts, num_rows, num_tiles, hot_min_rows, hot_cost, base_cost,
+                          hot_row0, num_hot_tiles, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_M_HOT: tl.constexpr, FILL_BLOCK: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     """All of the routing in one CTA (small N: decode): zero counts, count, scan, place, with
     CTA barriers between the phases (a barrier orders this CTA's global accesses). ``PDL``:
@@ -226,8 +320,9 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
                num_experts)
     tl.debug_barrier()
     _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
-          sorted_slots_ptr, num_slots, num_rows, num_tiles, num_experts, E_PAD, BLOCK_M,
-          FILL_BLOCK)
+          hot_tile_expert_ptr, hot_tile_rows_ptr, sorted_slots_ptr, num_slots, num_rows,
+          num_tiles, num_experts, hot_min_rows, hot_cost, base_cost, hot_row0, num_hot_tiles,
+          E_PAD, BLOCK_M, BLOCK_M_HOT, FILL_BLOCK)
     tl.debug_barrier()
     for s0 in range(0, num_slots, BLOCK):
         _place(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr,
@@ -242,17 +337,27 @@ def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_
            expert_start, num_experts)
 
 
-@triton.jit(do_not_specialize=["num_slots"])
-def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr, a_ptr,
-                   row_scale_ptr, num_slots,
+@triton.jit(do_not_specialize=["num_slots", "num_tiles", "hot_tile0"])
+def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_ptr,
+                   hot_tile_expert_ptr, a_ptr, row_scale_ptr, num_slots, num_tiles,
+                   hot_tile0,
                    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_H: tl.constexpr, PERM_ROWS: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_H: tl.constexpr, PERM_ROWS: tl.constexpr, HOT_RATIO: tl.constexpr,
+                   PDL: tl.constexpr):
     if PDL:
         _pdl.gdc_wait()
         _pdl.gdc_launch_dependents()
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
-    if tl.load(tile_expert_ptr + tile) >= 0:
+    # a row of a base tile (the base tiles cover the first num_tiles units), or of a hot
+    # tile (HOT_RATIO units each, counted from unit hot_tile0)
+    used = tl.load(tile_expert_ptr + tile, mask=tile < num_tiles, other=-1) >= 0
+    if HOT_RATIO > 0:
+        hot = tl.maximum(tile - hot_tile0, 0) // HOT_RATIO
+        used = used | ((tile >= hot_tile0)
+                       & (tl.load(hot_tile_expert_ptr + hot, mask=tile >= hot_tile0,
+                                  other=-1) >= 0))
+    if used:
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         slots = tl.load(sorted_slots_ptr + rows)
         real = slots < num_slots
@@ -282,7 +387,8 @@ _gather = Launcher(_gather_kernel)
 
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                 block_m: int, pdl: bool = False,
-                buffers: tuple[torch.Tensor, ...] | None = None) -> MoERouting:
+                buffers: tuple[torch.Tensor, ...] | None = None,
+                hot: HotClass | None = None) -> MoERouting:
     """Expert-grouped, padded row layout for ``topk_ids`` (see the module docstring).
 
     Args:
@@ -295,37 +401,50 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         pdl: the single-CTA kernel (decode) lets the next kernel launch early (:mod:`._pdl`).
         buffers: what :func:`routing_buffers` returns for these sizes (written over); None
             allocates them.
+        hot: the second token tile for experts with many rows (module docstring, "Hot
+            experts"); None for one tile.
 
     Returns:
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
     """
     num_slots = topk_ids.numel()
-    num_rows = padded_rows(num_slots, num_experts, block_m)
-    num_tiles = num_rows // block_m
+    num_rows = padded_rows(num_slots, num_experts, block_m, hot)
+    num_tiles = padded_rows(num_slots, num_experts, block_m) // block_m
+    hot_row0 = num_rows - hot_region_rows(num_slots, num_experts, hot)
     e_pad = _e_pad(num_experts)
     if buffers is None:
-        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m)
-    expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch = buffers
+        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m, hot)
+    (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
+     hot_rows) = buffers
+    if hot is None:  # no expert qualifies (min_rows above every count); one tile's variant
+        hot_block_m, hot_args = block_m, (num_slots + 1, 0, 0, num_rows, 0)
+    else:
+        hot_block_m = hot.block_m
+        hot_args = (hot.min_rows, hot.cost, hot.base_cost, hot_row0,
+                    hot_expert.shape[0])
+    result = MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
+                        tile_rows, hot_expert, hot_rows, 0 if hot is None else hot.block_m,
+                        hot_row0)
     # topk_ids is contiguous: the kernels index its T*k ids flat
     if num_slots <= FUSED_MAX_SLOTS:
         pdl = bool(pdl and topk_ids.is_cuda)
         _fused_routing((1, 1, 1), topk_ids, scratch, expert_offsets, tile_expert, tile_rows,
-                       sorted_slots, slot_row, num_slots, expert_start, num_experts, num_rows,
-                       num_tiles, e_pad, block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl, num_warps=8)
-        return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
-                          tile_rows)
+                       hot_expert, hot_rows, sorted_slots, slot_row, num_slots, expert_start,
+                       num_experts, num_rows, num_tiles, *hot_args, e_pad, block_m,
+                       hot_block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl, num_warps=8)
+        return result
     counts = torch.zeros(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = scratch
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
     _count_kernel[slot_grid](topk_ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
-    _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, sorted_slots,
-                       num_slots, num_rows, num_tiles, num_experts,
-                       E_PAD=e_pad, BLOCK_M=block_m,
+    _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, hot_expert,
+                       hot_rows, sorted_slots, num_slots, num_rows, num_tiles, num_experts,
+                       *hot_args, E_PAD=e_pad, BLOCK_M=block_m, BLOCK_M_HOT=hot_block_m,
                        FILL_BLOCK=_FILL_BLOCK, num_warps=8)
     _place_kernel[slot_grid](topk_ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
                              num_experts, BLOCK=_COUNT_BLOCK)
-    return MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m, tile_rows)
+    return result
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
@@ -368,8 +487,11 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
     # Keep the register tile around 8K elements whatever block_m is.
     block_h = max(64, min(block_h, 8192 // block_m))
     pdl = bool(pdl and hidden.is_cuda)
+    hot_ratio = routing.hot_block_m // block_m
     _gather((num_rows // block_m, triton.cdiv(hidden_size, block_h), 1), hidden, topk_weights,
-            routing.sorted_slots, routing.tile_expert, a, row_scale, num_tokens * top_k,
-            hidden_size, top_k, block_m, block_h, block // 4 if block > 1 else 0, pdl,
-            **_pdl.launch_kwargs(pdl))
+            routing.sorted_slots, routing.tile_expert,
+            routing.hot_tile_expert if hot_ratio else routing.tile_expert, a, row_scale,
+            num_tokens * top_k, routing.tile_expert.shape[0], routing.hot_row0 // block_m,
+            hidden_size, top_k, block_m, block_h,
+            block // 4 if block > 1 else 0, hot_ratio, pdl, **_pdl.launch_kwargs(pdl))
     return a, row_scale
