@@ -23,13 +23,18 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     plus the persistent decode gate/up of each shape. Every grouped plan reads a permuted
     order (the 32-block one at 16-256, the pair order at 8) and is launched with launch
     overlap; each has a twin reading wperm weights. Each dense plan has a twin reading the
-    prepared order of nvfp4::to_wfrag_."""
+    prepared order of nvfp4::to_wfrag_. The grouped base tiles that have a hot tile
+    (16-128) have a twin launched beside it (``sibling``): 2 shapes x 2 orders x 2 GEMMs x 4."""
     names = {p.config.name for p in PLANS}
     dense_plain = 56 - (2 * 2 * 6 + 2)
-    assert len(names) == len(PLANS) == 56 + 2 * 2 * 6 + 2 + dense_plain
+    siblings = 2 * 2 * 2 * 4
+    assert len(names) == len(PLANS) == 56 + 2 * 2 * 6 + 2 + dense_plain + siblings
     assert {p.family for p in PLANS} == {"stream", "mma", "wgmma"}
     grouped = [p for p in PLANS if p.config.grouped]
-    assert len(grouped) == 2 * (2 * 2 * 6 + 2) and all(p.config.kperm for p in grouped)
+    assert len(grouped) == 2 * (2 * 2 * 6 + 2) + siblings
+    assert all(p.config.kperm for p in grouped)
+    sib = [p for p in grouped if getattr(p.config, "sibling", False)]
+    assert len(sib) == siblings and {p.block_m for p in sib} == {16, 32, 64, 128}
     assert sum(p.weight_order is dispatch.WeightOrder.WPERM for p in grouped) == len(grouped) // 2
     assert not any(getattr(p.config, "wfrag", False) for p in grouped)
     dense = [p for p in PLANS if not p.config.grouped]
