@@ -241,6 +241,49 @@ def test_moe_tile_follows_the_ranks_share_of_the_slots():
             assert {plan.gate_up.config.name, plan.down.config.name} <= reach, (t, e)
 
 
+def test_hot_tile_class_rule():
+    """A hot tile wherever the base tile is a 16-128-row WGMMA tile, ``N`` leaves room for a
+    hot expert and the rank holds at least half of the experts; its rule (min rows, costs)
+    comes from MOE_TILE_COST; the base GEMMs then run beside the hot ones (``sibling``), and
+    every config is among those warm-up compiles. The padded rows hold both regions."""
+    from nvfp4_ops.kernels.triton.moe_routing import hot_region_rows, padded_rows
+
+    assert [D.moe_hot_class(bm) and D.moe_hot_class(bm).block_m
+            for bm in D.BLOCK_MS] == [None, 128, 128, 256, 256, None]
+    for bm, hot in D.MOE_HOT_TILE.items():
+        c = D.moe_hot_class(bm)
+        assert c.min_rows >= hot // 2
+        rows = c.min_rows  # at min_rows the hot tile is cheaper, one row less is not always
+        assert -(-rows // hot) * c.cost < -(-rows // bm) * c.base_cost
+    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.WPERM),
+                                                            (7168, 3072, W.WPERM)])}
+    for h, i, e in ((4096, 2048, 256), (7168, 3072, 384)):
+        for t in (1, 8, 128, 512, 1024, 2048, 4096, 16384):
+            plan = D.plan_moe(t, 6, e, h, i, order=W.WPERM)
+            single = D.plan_moe(t, 6, e, h, i, order=W.WPERM, hot=False)
+            assert single.hot is None and single.block_m == plan.block_m
+            want_hot = plan.block_m in D.MOE_HOT_TILE
+            assert (plan.hot is not None) == want_hot, (h, t, plan.block_m)
+            if not want_hot:
+                assert plan == single
+                continue
+            assert plan.gate_up.config.sibling and plan.down.config.sibling
+            assert not plan.hot.gate_up.config.sibling
+            assert plan.hot.gate_up.act_order == plan.act_order == "kperm"
+            names = {plan.gate_up.config.name, plan.down.config.name,
+                     plan.hot.gate_up.config.name, plan.hot.down.config.name}
+            assert names <= reach, (h, t)
+            n = t * 6
+            assert plan.num_rows == padded_rows(n, e, plan.block_m, plan.hot.routing)
+            assert plan.num_rows >= single.num_rows + 0 and plan.num_rows % 256 in (0, 128)
+            assert hot_region_rows(n, e, plan.hot.routing) <= plan.num_rows
+            # one rank of EP 8: one tile for all (the hot grid would be sized for 8x its share)
+            rank = D.plan_moe(t, 6, e // 8, h, i, global_num_experts=e, order=W.WPERM)
+            assert rank.hot is None
+            two = D.plan_moe(t, 6, e // 2, h, i, global_num_experts=e, order=W.WPERM)
+            assert (two.hot is not None) == (two.block_m in D.MOE_HOT_TILE)
+
+
 def test_plans_are_frozen_and_configs_built_once():
     plan = D.plan_linear(7168, 18432, 16, order=W.WFRAG)
     with pytest.raises(AttributeError):

@@ -115,15 +115,16 @@ def _hot_tiles_used(num_tokens, ids, num_experts, expert_start=0, global_num_exp
     return plan, bool((routing.hot_tile_expert >= 0).any())
 
 
-@pytest.mark.parametrize("case", ["zipf", "six_experts_take_all", "ep8_zipf"])
+@pytest.mark.parametrize("case", ["zipf", "six_experts_take_all", "ep2_zipf"])
 @pytest.mark.parametrize("num_tokens", [512, 1024, 2048])
 def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
     """Skewed routing at sizes whose plan has a hot tile (``dispatch.moe_hot_class``): hot
     experts in the large tile, the rest in the base tile, one output. ``six_experts_take_all``
-    is the worst skew (every token picks experts 0-5: six segments of T rows, all hot)."""
+    is the worst skew (every token picks experts 0-5: six segments of T rows, all hot);
+    ``ep2_zipf`` one rank of two (128 local experts of 256)."""
     from nvfp4_ops.testing import make_routing
 
-    start, local = (128, 32) if case == "ep8_zipf" else (0, FLASH.experts)
+    start, local = (128, 128) if case == "ep2_zipf" else (0, FLASH.experts)
     rank = type(flash)(*(t[start:start + local] for t in flash.args()))
     hidden = _hidden(num_tokens, FLASH.hidden)
     if case == "six_experts_take_all":
@@ -133,7 +134,7 @@ def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
         ids, weights = make_routing("skew", num_tokens, FLASH.experts, FLASH.top_k,
                                     seed=num_tokens)
     ids, weights = ids.cuda(), weights.cuda()
-    global_e = FLASH.experts if case == "ep8_zipf" else -1
+    global_e = FLASH.experts if case == "ep2_zipf" else -1
     plan, used = _hot_tiles_used(num_tokens, ids, local, start, global_e)
     assert plan.hot is not None and used, "the case must exercise the hot tile"
     args = (hidden, ids, weights, *rank.args())

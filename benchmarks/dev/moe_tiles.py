@@ -31,6 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _timing import l2_flush, time_one_call  # noqa: E402
 
 
+def with_hot_min(plan, num_slots: int, num_experts: int, min_rows: int):
+    """``plan`` with its hot class's ``min_rows`` replaced (0: as planned) and the padded rows
+    recomputed for it."""
+    from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+
+    if not min_rows:
+        return plan
+    hot = plan.hot.routing._replace(min_rows=min_rows)
+    return dataclasses.replace(plan, hot=dataclasses.replace(plan.hot, routing=hot),
+                               num_rows=padded_rows(num_slots, num_experts, plan.block_m, hot))
+
+
 def variant_plans(plan, args):
     """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's WGMMA tile shape
     replaced (``row_wgs`` x ``stages`` from ``args``); the planned shape itself is left out."""
@@ -86,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time each GEMM's WGMMA tile shapes (--row-wgs x --stages)")
     p.add_argument("--row-wgs", nargs="+", type=int, default=[1, 2])
     p.add_argument("--stages", nargs="+", type=int, default=[0, 3, 4, 6])
+    p.add_argument("--hot-min", nargs="+", type=int, default=[0],
+                   help="where the policy adds a hot tile, time it at each of these min rows "
+                        "(0: the policy's)")
     p.add_argument("--jobs", type=int, default=1,
                    help="with --variants: compile them in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
@@ -163,11 +178,16 @@ def main(argv: list[str] | None = None) -> int:
                         if args.variants and bm in cells:
                             time_variants(plan, call, cells[bm], args, flush)
                     if policy.hot is not None:  # the op's own plan: its tile plus a hot one
-                        call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
-                                                 *w, start, s.swiglu_limit, 1.0, plan=policy)
-                        hot_us = time_one_call(call, args.reps, flush)
-                        print(f"    policy {policy.block_m} + hot {policy.hot.routing.block_m}:"
-                              f" {hot_us:8.1f} us", flush=True)
+                        for min_rows in args.hot_min:
+                            hplan = with_hot_min(policy, num_tokens * k, local, min_rows)
+                            call = functools.partial(moe_cuda.moe_forward, hidden, ids,
+                                                     weights, *w, start, s.swiglu_limit, 1.0,
+                                                     plan=hplan)
+                            hot_us = time_one_call(call, args.reps, flush)
+                            print(f"    policy {policy.block_m} + hot "
+                                  f"{hplan.hot.routing.block_m} (min rows "
+                                  f"{hplan.hot.routing.min_rows}, P {hplan.num_rows}): "
+                                  f"{hot_us:8.1f} us", flush=True)
                     need = {bm: int(((counts + bm - 1) // bm).sum()) for bm in cells}
                     best = min(cells, key=cells.get) if cells else None
                     line = " ".join(

@@ -598,7 +598,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
 
     Experts with many rows may take a larger hot tile (:func:`moe_hot_class`), decided on the
     device from their real counts: wherever the base tile has one, its kernels read the same
-    activation order, and ``N`` slots leave room for at least one hot expert.
+    activation order, ``N`` slots leave room for at least one hot expert and the rank holds
+    at least half of the global experts.
 
     ``block_m`` / ``permuted`` override the policy's token tile / activation order,
     ``chained=False`` launches the GEMMs without launch overlap and ``hot=False`` keeps one
@@ -618,9 +619,14 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     if permuted is None:
         permuted = _grouped_permuted(hidden_size, inter, block_m)
     num_slots = num_tokens * top_k
+    # a hot class only where this rank can expect most of the slots (no expert parallelism,
+    # or 2 ranks): the hot grid and rows are sized for all N slots, which under EP 8 is 8x
+    # the rank's share, and their empty CTAs cost more than hot tiles gain (DESIGN.md
+    # section 8, "Hot experts")
     hot_class = moe_hot_class(block_m) if hot and permuted else None
     if hot_class is not None and not (
-            _moe_tile(hot_class.block_m, hidden_size, inter) == hot_class.block_m
+            2 * local_slots(num_slots, num_experts, global_num_experts) >= num_slots
+            and _moe_tile(hot_class.block_m, hidden_size, inter) == hot_class.block_m
             and _grouped_permuted(hidden_size, inter, hot_class.block_m)
             and hot_experts_bound(num_slots, num_experts, hot_class) > 0):
         hot_class = None
