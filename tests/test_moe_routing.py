@@ -213,6 +213,46 @@ def test_routing_hot_experts(case, kernels, routing_path):
         assert hot_experts and all(counts[e] >= hot.min_rows for e in hot_experts)
 
 
+def test_routing_fused_flag_overrides_the_size_rule(kernels):
+    """``fused=False`` runs the four launches at any size (warm-up uses it so that large-T
+    calls compile nothing), with the same result as the one-CTA kernel."""
+    from nvfp4_ops.kernels import dispatch
+
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(11)
+    ids = _ids(40, 6, 0, 16, torch.int32, g).to(device)
+    hot = dispatch.moe_hot_class(16)
+    for fused in (True, False):
+        routing = routing_mod.moe_routing(ids, 16, 0, 16, hot=hot, fused=fused)
+        check_routing(routing, ids, 16, 0, 16, routing_mod, hot)
+
+
+def test_triton_warmup_covers_both_routing_paths_and_hot_tiles(kernels, monkeypatch):
+    """``warmup_triton`` runs the routing as one CTA and as four launches, with and without
+    the hot tile wherever a tile has one."""
+    device = kernels[0]
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+
+    calls = []
+    real = moe_cuda.moe_routing
+
+    def spy(*args, **kw):
+        calls.append((args[3], kw.get("hot") and kw["hot"].block_m, kw.get("fused")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(moe_cuda, "moe_routing", spy)
+    tiles = dispatch.moe_act_orders(256, 128)
+    names = moe_cuda.warmup_triton(256, 2, tiles, device=device, id_dtypes=(torch.int32,))
+    for bm, layout in tiles:
+        hots = [None] + ([dispatch.moe_hot_class(bm).block_m]
+                         if layout == "kperm" and dispatch.moe_hot_class(bm) else [])
+        for hot in hots:
+            assert (bm, hot, False) in calls and (bm, hot, None) in calls, (bm, hot)
+    assert len(names) == sum(1 + (layout == "kperm" and dispatch.moe_hot_class(bm) is not None)
+                             for bm, layout in tiles)
+
+
 def test_routing_repeated_ids_in_one_row(kernels, routing_path):
     """Routers never repeat an expert within a row, but the kernels must not care."""
     device, routing_mod, _ = kernels

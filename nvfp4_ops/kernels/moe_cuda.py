@@ -269,9 +269,11 @@ def warmup_triton(hidden_size: int, top_k: int, tiles: list[tuple[int, str]],
     """Compile and run once every Triton variant the MoE path reaches for ``(H, k)`` at the
     ``(block_m, act_order)`` pairs ``tiles`` (:func:`nvfp4_ops.kernels.dispatch.moe_act_orders`).
 
-    The Triton kernels specialise only on ``block_m``, ``k``, ``H``, the layout and the id dtype
-    (never on ``T`` or ``E``), so tiny dummy inputs cover every batch size and EP split. Both
-    launch modes are warmed (the op uses launch overlap; tests and tools may launch plainly).
+    The Triton kernels specialise only on ``block_m`` (and its hot tile), ``k``, ``H``, the
+    layout and the id dtype (never on ``T`` or ``E``), so tiny dummy inputs cover every batch
+    size and EP split; the routing runs both as one CTA (decode) and as its four launches
+    (large T). Both launch modes are warmed (the op uses launch overlap; tests and tools may
+    launch plainly).
 
     Returns:
         One name per variant warmed.
@@ -286,6 +288,8 @@ def warmup_triton(hidden_size: int, top_k: int, tiles: list[tuple[int, str]],
         for block_m, layout in tiles:
             hot_class = dispatch.moe_hot_class(block_m) if layout == KPERM else None
             for hot in (None, hot_class) if hot_class is not None else (None,):
+                # the four-launch routing of large T (no launch overlap) too
+                moe_routing(ids, num_experts, 0, block_m, hot=hot, fused=False)
                 for pdl in (False, True):
                     routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl, hot=hot)
                     a, _ = gather_rows(hidden, weights, routing, layout, pdl=pdl)

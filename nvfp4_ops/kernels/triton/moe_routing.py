@@ -135,23 +135,26 @@ def _int32_buffers(device: torch.device, *sizes: int) -> list[torch.Tensor]:
 
 
 def routing_buffers(device: torch.device, num_slots: int, num_experts: int,
-                    block_m: int, hot: HotClass | None = None) -> tuple[torch.Tensor, ...]:
+                    block_m: int, hot: HotClass | None = None,
+                    fused: bool | None = None) -> tuple[torch.Tensor, ...]:
     """The int32 buffers :func:`moe_routing` writes for ``N = num_slots`` slots, ``E`` local
     experts, ``block_m`` and the ``hot`` class (uninitialised, views of one allocation):
     ``expert_offsets [E + 1]``, ``tile_expert [P1 / block_m]``, ``tile_rows [P1 / block_m]``
     (``P1``: the rows without the hot class, which base segments never pass), ``sorted_slots
     [P]``, ``slot_row [N]``, the kernels' own scratch, then the hot class's ``tile_expert``
     and ``tile_rows`` ``[R / hot.block_m]`` over the last ``R`` rows (:func:`hot_region_rows`;
-    empty without one). A caller
-    that runs the routing repeatedly for the same sizes on one stream may reuse them (each
-    call rewrites all)."""
+    empty without one). ``fused``: for the one-CTA kernel (default: when ``N <=
+    FUSED_MAX_SLOTS``, as :func:`moe_routing`). A caller that runs the routing repeatedly for
+    the same sizes on one stream may reuse them (each call rewrites all)."""
     # base tiles cover the one-tile bound (base segments never reach past it), hot tiles the
     # hot region at the end
     num_rows = padded_rows(num_slots, num_experts, block_m, hot)
     num_tiles = padded_rows(num_slots, num_experts, block_m) // block_m
     hot_tiles = hot_region_rows(num_slots, num_experts, hot) // hot.block_m if hot else 0
     # the fused kernel's scratch (counts, cursors), or the multi-kernel path's write cursors
-    work = 2 * _e_pad(num_experts) if num_slots <= FUSED_MAX_SLOTS else num_experts
+    if fused is None:
+        fused = num_slots <= FUSED_MAX_SLOTS
+    work = 2 * _e_pad(num_experts) if fused else num_experts
     return tuple(_int32_buffers(device, num_experts + 1, num_tiles, num_tiles, num_rows,
                                 num_slots, work, hot_tiles, hot_tiles))
 
@@ -388,7 +391,7 @@ _gather = Launcher(_gather_kernel)
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                 block_m: int, pdl: bool = False,
                 buffers: tuple[torch.Tensor, ...] | None = None,
-                hot: HotClass | None = None) -> MoERouting:
+                hot: HotClass | None = None, fused: bool | None = None) -> MoERouting:
     """Expert-grouped, padded row layout for ``topk_ids`` (see the module docstring).
 
     Args:
@@ -403,6 +406,9 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
             allocates them.
         hot: the second token tile for experts with many rows (module docstring, "Hot
             experts"); None for one tile.
+        fused: run the one-CTA kernel (True) or the four launches (False); None: the one-CTA
+            kernel when ``N <= FUSED_MAX_SLOTS`` (warm-up runs both, so neither compiles
+            while serving).
 
     Returns:
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
@@ -412,8 +418,11 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
     num_tiles = padded_rows(num_slots, num_experts, block_m) // block_m
     hot_row0 = num_rows - hot_region_rows(num_slots, num_experts, hot)
     e_pad = _e_pad(num_experts)
+    if fused is None:
+        fused = num_slots <= FUSED_MAX_SLOTS
     if buffers is None:
-        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m, hot)
+        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m, hot,
+                                  fused)
     (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
      hot_rows) = buffers
     if hot is None:  # no expert qualifies (min_rows above every count); one tile's variant
@@ -426,7 +435,7 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                         tile_rows, hot_expert, hot_rows, 0 if hot is None else hot.block_m,
                         hot_row0)
     # topk_ids is contiguous: the kernels index its T*k ids flat
-    if num_slots <= FUSED_MAX_SLOTS:
+    if fused:
         pdl = bool(pdl and topk_ids.is_cuda)
         _fused_routing((1, 1, 1), topk_ids, scratch, expert_offsets, tile_expert, tile_rows,
                        hot_expert, hot_rows, sorted_slots, slot_row, num_slots, expert_start,
