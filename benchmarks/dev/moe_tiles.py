@@ -11,6 +11,8 @@ the policy adds a hot tile, the op's own plan. Tiles not precompiled are compile
 ``--variants``: at each tile, also time the whole op with one GEMM's WGMMA tile shape changed
 (``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``; the other GEMM as planned), to
 find the grouped tile shape per token tile (``dispatch._wgmma_fields``); these compile first.
+``--hot-min``: time the op's plan with a hot tile at each of these min rows too (0: as
+planned), the hot class's floor (``dispatch.moe_hot_class``).
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
