@@ -207,23 +207,30 @@ def moe_forward(
                else per_row_global_view(w2_global, hidden_size))
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
     # the base tile beside it (module docstring, "Two token tiles"); check=False: the op
-    # validated the arguments and every buffer here is built for the plan
-    base_rows = routing.tile_expert.shape[0] * plan.block_m
-    tiles = [(plan.gate_up, plan.down, slice(0, base_rows), routing.tile_expert,
-              routing.tile_rows)]
-    if hot is not None:
-        tiles.insert(0, (hot.gate_up, hot.down, slice(routing.hot_row0, None),
-                         routing.hot_tile_expert, routing.hot_tile_rows))
+    # validated the arguments and every buffer here is built for the plan. With one tile the
+    # base tiles cover the whole buffer: no views (each costs host time on an eager call).
+    act, out = bufs.act, bufs.expert_out
+    if hot is None:
+        tiles = [(plan.gate_up, plan.down, None, routing.tile_expert, routing.tile_rows)]
+    else:
+        base_rows = slice(0, routing.tile_expert.shape[0] * plan.block_m)
+        tiles = [(hot.gate_up, hot.down, slice(routing.hot_row0, None),
+                  routing.hot_tile_expert, routing.hot_tile_rows),
+                 (plan.gate_up, plan.down, base_rows, routing.tile_expert, routing.tile_rows)]
     for gate_up, _, rows, tile_expert, tile_rows in tiles:
-        gemm(gate_up, a[rows], w13, w13_scale, w13_rows, bufs.act[rows],
+        gemm(gate_up, _rows(a, rows), w13, w13_scale, w13_rows, _rows(act, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
              swiglu_limit=swiglu_limit, check=False)
     for _, down, rows, tile_expert, tile_rows in tiles:
-        gemm(down, bufs.act[rows], w2, w2_scale, w2_rows, bufs.expert_out[rows],
-             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=row_scale[rows],
+        gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(out, rows),
+             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=_rows(row_scale, rows),
              swiglu_limit=None, check=False)
     return combine(bufs.expert_out, routing.slot_row, num_tokens, top_k, output_scale,
                    pdl=pdl)
+
+
+def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
+    return t if rows is None else t[rows]
 
 
 def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
