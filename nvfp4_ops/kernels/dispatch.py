@@ -623,11 +623,9 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     # or 2 ranks): the hot grid and rows are sized for all N slots, which under EP 8 is 8x
     # the rank's share, and their empty CTAs cost more than hot tiles gain (DESIGN.md
     # section 8, "Hot experts")
-    hot_class = moe_hot_class(block_m) if hot and permuted else None
+    hot_class = _hot_class(block_m, hidden_size, inter, permuted) if hot else None
     if hot_class is not None and not (
             2 * local_slots(num_slots, num_experts, global_num_experts) >= num_slots
-            and _moe_tile(hot_class.block_m, hidden_size, inter) == hot_class.block_m
-            and _grouped_permuted(hidden_size, inter, hot_class.block_m)
             and hot_experts_bound(num_slots, num_experts, hot_class) > 0):
         hot_class = None
     num_rows = padded_rows(num_slots, num_experts, block_m, hot_class)
@@ -648,6 +646,17 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         hot_plan = HotPlan(hot_class, *gemms(hot_class.block_m))
         assert hot_plan.gate_up.act_order == gate_up.act_order
     return MoEPlan(num_rows, gate_up, down, hot_plan)
+
+
+def _hot_class(block_m: int, hidden_size: int, inter: int, permuted: bool) -> HotClass | None:
+    """The hot class a MoE at ``(H, I)`` can add to base tile ``block_m``, whatever ``T``: the
+    tile's :func:`moe_hot_class` where both GEMMs have a kernel at the hot tile that reads the
+    base tile's (permuted) activation order."""
+    hot = moe_hot_class(block_m) if permuted else None
+    if hot is None or not (_moe_tile(hot.block_m, hidden_size, inter) == hot.block_m
+                           and _grouped_permuted(hidden_size, inter, hot.block_m)):
+        return None
+    return hot
 
 
 def _sibling(plan: GemmPlan) -> GemmPlan:
@@ -704,7 +713,7 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                              plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
                                        **common)):
                     add(plan)
-                    if permuted and moe_hot_class(tile) is not None:
+                    if _hot_class(tile, hidden_size, inter, permuted) is not None:
                         add(_sibling(plan))  # the base tile beside a hot one
     return list(seen.values())
 

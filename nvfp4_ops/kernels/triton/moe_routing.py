@@ -225,40 +225,43 @@ def _scan(counts_ptr, cursor_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows
     tl.store(expert_offsets_ptr + e, starts, mask=is_expert)
     tl.store(expert_offsets_ptr + num_experts + e * 0, total, mask=e == 0)
     tl.store(cursor_ptr + e, starts, mask=is_expert)
-    # Each expert (one lane) writes the tiles of its segment, one tile per step: as many steps
-    # as the largest segment has tiles (1-2 at decode), not one pass over every tile.
-    seg_tiles = tl.where(hot, 0, base_tiles)
-    first_tile = starts // BLOCK_M
-    for i in range(0, tl.max(seg_tiles, 0)):
-        has = i < seg_tiles
-        tl.store(tile_expert_ptr + first_tile + i, e, mask=has)
-        tl.store(tile_rows_ptr + first_tile + i, tl.minimum(counts - i * BLOCK_M, BLOCK_M),
-                 mask=has)
-    hot_seg_tiles = tl.where(hot, hot_tiles, 0)
-    hot_first = (starts - hot_row0) // BLOCK_M_HOT  # hot tiles count from row hot_row0
-    for i in range(0, tl.max(hot_seg_tiles, 0)):
-        has = i < hot_seg_tiles
-        tl.store(hot_tile_expert_ptr + hot_first + i, e, mask=has)
-        tl.store(hot_tile_rows_ptr + hot_first + i,
-                 tl.minimum(counts - i * BLOCK_M_HOT, BLOCK_M_HOT), mask=has)
-    # the base tiles past the last base segment, the hot tiles below the lowest hot segment,
+    # Each expert (one lane) writes the tiles of its segment in its class's tile list, one
+    # tile per step; then each list marks its free tiles: base tiles past the last base
+    # segment, hot tiles below the lowest hot segment (hot tiles count from row hot_row0)
+    _segment_tiles(tile_expert_ptr, tile_rows_ptr, e, counts, starts // BLOCK_M,
+                   tl.where(hot, 0, base_tiles), BLOCK_M)
+    _segment_tiles(hot_tile_expert_ptr, hot_tile_rows_ptr, e, counts,
+                   (starts - hot_row0) // BLOCK_M_HOT, tl.where(hot, hot_tiles, 0), BLOCK_M_HOT)
+    _free_tiles(tile_expert_ptr, tile_rows_ptr, total // BLOCK_M, num_tiles, num_tiles,
+                FILL_BLOCK)
+    _free_tiles(hot_tile_expert_ptr, hot_tile_rows_ptr, 0,
+                num_hot_tiles - total_hot // BLOCK_M_HOT, num_hot_tiles, FILL_BLOCK)
     # and the sentinel in every row
-    used_tiles = total // BLOCK_M
-    for t0 in range(0, num_tiles, FILL_BLOCK):
-        tiles = t0 + tl.arange(0, FILL_BLOCK)
-        past = (tiles >= used_tiles) & (tiles < num_tiles)
-        tl.store(tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=past)
-        tl.store(tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=past)
-    free_hot_tiles = num_hot_tiles - total_hot // BLOCK_M_HOT
-    for t0 in range(0, num_hot_tiles, FILL_BLOCK):
-        tiles = t0 + tl.arange(0, FILL_BLOCK)
-        below = tiles < free_hot_tiles
-        tl.store(hot_tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=below)
-        tl.store(hot_tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=below)
     sentinel = tl.full([FILL_BLOCK], 0, tl.int32) + num_slots
     for r0 in range(0, num_rows, FILL_BLOCK):
         rows = r0 + tl.arange(0, FILL_BLOCK)
         tl.store(sorted_slots_ptr + rows, sentinel, mask=rows < num_rows)
+
+
+@triton.jit
+def _segment_tiles(tile_expert_ptr, tile_rows_ptr, e, counts, first_tile, seg_tiles,
+                   TILE: tl.constexpr):
+    """Lane ``e`` writes its ``seg_tiles`` tiles from ``first_tile`` (expert id, real rows): as
+    many steps as the largest segment has tiles (1-2 at decode), not a pass over every tile."""
+    for i in range(0, tl.max(seg_tiles, 0)):
+        has = i < seg_tiles
+        tl.store(tile_expert_ptr + first_tile + i, e, mask=has)
+        tl.store(tile_rows_ptr + first_tile + i, tl.minimum(counts - i * TILE, TILE), mask=has)
+
+
+@triton.jit
+def _free_tiles(tile_expert_ptr, tile_rows_ptr, lo, hi, num_tiles, FILL_BLOCK: tl.constexpr):
+    """Tiles ``[lo, hi)`` of a list of ``num_tiles`` hold no rows: expert -1, 0 rows."""
+    for t0 in range(0, num_tiles, FILL_BLOCK):
+        tiles = t0 + tl.arange(0, FILL_BLOCK)
+        free = (tiles >= lo) & (tiles < hi)
+        tl.store(tile_expert_ptr + tiles, tl.full([FILL_BLOCK], -1, tl.int32), mask=free)
+        tl.store(tile_rows_ptr + tiles, tl.zeros([FILL_BLOCK], tl.int32), mask=free)
 
 
 @triton.jit
@@ -414,9 +417,6 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
     """
     num_slots = topk_ids.numel()
-    num_rows = padded_rows(num_slots, num_experts, block_m, hot)
-    num_tiles = padded_rows(num_slots, num_experts, block_m) // block_m
-    hot_row0 = num_rows - hot_region_rows(num_slots, num_experts, hot)
     e_pad = _e_pad(num_experts)
     if fused is None:
         fused = num_slots <= FUSED_MAX_SLOTS
@@ -425,6 +425,9 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                                   fused)
     (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
      hot_rows) = buffers
+    # the sizes routing_buffers chose (padded_rows, hot_region_rows), read off its buffers
+    num_rows, num_tiles = sorted_slots.shape[0], tile_expert.shape[0]
+    hot_row0 = num_rows - (hot_expert.shape[0] * hot.block_m if hot is not None else 0)
     if hot is None:  # no expert qualifies (min_rows above every count); one tile's variant
         hot_block_m, hot_args = block_m, (num_slots + 1, 0, 0, num_rows, 0)
     else:
