@@ -18,6 +18,7 @@ __all__ = [
     "MOE_REL_L2",
     "QuantizedExperts",
     "assert_moe_close",
+    "capture_graph",
     "find_cuda_tool",
     "kernel_ptx",
     "moe_bf16_dequantized",
@@ -126,6 +127,28 @@ def assert_moe_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     tol = 0.02 * want.float().abs().max().item() + 1e-3
     max_err = (got.float() - want.float()).abs().max().item()
     assert max_err < tol, f"{what}: max abs error {max_err:.3e} (tolerance {tol:.3e})"
+
+
+def capture_graph(call: Callable[[], torch.Tensor],
+                  warm_calls: int = 1) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The GPU tests' capture: run ``call`` ``warm_calls`` times on a side stream (compiles or
+    loads its kernels, nothing compiles during capture), then capture one call.
+
+    Returns:
+        ``(graph, static_out)``: replaying ``graph`` rewrites ``static_out`` from whatever
+        the captured call's input tensors hold then.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm_calls):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    return graph, static_out
 
 
 def moe_bf16_dequantized(

@@ -13,7 +13,13 @@ import torch
 
 import nvfp4_ops
 from nvfp4_ops.reference import moe_reference
-from nvfp4_ops.testing import assert_moe_close, random_experts, random_routing
+from nvfp4_ops.testing import (
+    assert_moe_close,
+    capture_graph,
+    make_routing,
+    random_experts,
+    random_routing,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_moe_kernel")]
 
@@ -122,7 +128,6 @@ def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
     experts in the large tile, the rest in the base tile, one output. ``six_experts_take_all``
     is the worst skew (every token picks experts 0-5: six segments of T rows, all hot);
     ``ep2_zipf`` one rank of two (128 local experts of 256)."""
-    from nvfp4_ops.testing import make_routing
 
     start, local = (128, 128) if case == "ep2_zipf" else (0, FLASH.experts)
     rank = type(flash)(*(t[start:start + local] for t in flash.args()))
@@ -149,7 +154,6 @@ def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
     """One graph at a size with a hot tile, replayed with routings that use no hot expert,
     some, and only hot experts: every replay equals the eager call and the reference."""
-    from nvfp4_ops.testing import make_routing
 
     num_tokens = 1024
     nvfp4_ops.warmup(["v4-flash"])
@@ -161,14 +165,7 @@ def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
         return nvfp4_ops.moe(hidden, ids, weights, *flash.args(),
                              swiglu_limit=FLASH.swiglu_limit, output_scale=1.5)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call()
+    graph, static_out = capture_graph(call)
     seen = []
     for step, kind in enumerate(["uniform", "skew", "all_hot"]):
         if kind == "all_hot":
@@ -332,14 +329,8 @@ def test_cuda_graph_replay_with_new_routing(tiny, flash, shape_name):
         return nvfp4_ops.moe(hidden, ids, weights, *experts.args(),
                              swiglu_limit=shape.swiglu_limit, output_scale=1.5)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()  # eager run on the capture stream's allocator path
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call()
+    # eager run on the capture stream's allocator path
+    graph, static_out = capture_graph(call)
     previous = None
     for step in range(3):
         new_ids, new_weights = random_routing(num_tokens, shape.experts, shape.top_k,
@@ -476,14 +467,7 @@ def test_flash_wperm_cuda_graph_replay(flash, flash_wperm):
     def call():
         return nvfp4_ops.moe(hidden, ids, weights, *flash_wperm, wperm=True, **kw)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call()
+    graph, static_out = capture_graph(call)
     for step in range(3):
         new_ids, new_weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k,
                                               device="cuda")

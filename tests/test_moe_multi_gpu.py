@@ -85,7 +85,13 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
     import nvfp4_ops
     from nvfp4_ops.kernels import dispatch
     from nvfp4_ops.reference import moe_reference
-    from nvfp4_ops.testing import MOE_REL_L2, fast_random_experts, init_nccl_rank, rel_l2
+    from nvfp4_ops.testing import (
+        MOE_REL_L2,
+        capture_graph,
+        fast_random_experts,
+        init_nccl_rank,
+        rel_l2,
+    )
 
     device = init_nccl_rank(rank, WORLD, rendezvous)
     try:
@@ -137,14 +143,7 @@ def _rank(rank: int, shape_name: str, rendezvous: str) -> None:
         check(partial(hidden, ids, weights), hidden, ids, weights, "eager")
 
         # one CUDA graph per rank, replayed with new routing copied into its static buffers
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            partial(hidden, ids, weights)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = partial(hidden, ids, weights)
+        graph, static_out = capture_graph(lambda: partial(hidden, ids, weights))
         previous = None
         for step in range(3):
             new = _routing(shape, NUM_TOKENS, SEED + 10 * (step + 1), device)

@@ -17,7 +17,7 @@ import torch
 
 import nvfp4_ops
 from nvfp4_ops import format as fmt
-from nvfp4_ops.testing import assert_moe_close, random_routing
+from nvfp4_ops.testing import assert_moe_close, capture_graph, random_routing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_moe_kernel")]
 
@@ -240,16 +240,8 @@ def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
         return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
                              output_scale=1.5, wperm=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()  # compiles / loads every kernel of this tile before capture
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call()
+    # compiles / loads every kernel of this tile before capture
+    graph, static_out = capture_graph(call, warm_calls=2)
     previous = None
     for step in range(4):
         new_ids, new_weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k,

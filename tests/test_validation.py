@@ -13,7 +13,7 @@ import torch
 
 import nvfp4_ops
 from nvfp4_ops import NVFP4InputError, _device, _validate
-from nvfp4_ops.testing import random_experts, random_nvfp4, random_routing
+from nvfp4_ops.testing import capture_graph, random_experts, random_nvfp4, random_routing
 
 H, INTER, E, K, T = 64, 32, 4, 2, 6
 
@@ -341,14 +341,8 @@ def test_gpu_debug_checks_skip_capture_and_bad_ids_contribute_nothing(monkeypatc
                              swiglu_limit=tiny.swiglu_limit)
 
     monkeypatch.setenv("NVFP4_OPS_VALUE_CHECKS", "1")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()  # compiles / loads what T = 5 needs; good ids: the debug checks pass
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = call()
+    # compiles / loads what T = 5 needs; good ids: the debug checks pass
+    graph, static_out = capture_graph(call)
     ids[1, 0] = tiny.experts  # no rank owns it
     ids[2, 3] = -1
     with pytest.raises(NVFP4InputError, match="topk_ids must be global expert ids"):
