@@ -12,7 +12,9 @@ the policy adds a hot tile, the op's own plan. Tiles not precompiled are compile
 (``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``; the other GEMM as planned), to
 find the grouped tile shape per token tile (``dispatch._wgmma_fields``); these compile first.
 ``--hot-min``: time the op's plan with a hot tile at each of these min rows too (0: as
-planned), the hot class's floor (``dispatch.moe_hot_class``).
+planned), the hot class's floor (``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile
+with whole-width and flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
+plan both ways (``op flex`` / ``op whole``: the A/B of ``WgmmaConfig.flex``).
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
@@ -103,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hot-min", nargs="+", type=int, default=[0],
                    help="where the policy adds a hot tile, time it at each of these min rows "
                         "(0: the policy's)")
+    p.add_argument("--flex", nargs="+", type=int, default=[1], choices=[0, 1],
+                   help="time each tile with whole-width (0) and flexible-width (1) CTAs")
     p.add_argument("--jobs", type=int, default=1,
-                   help="with --variants: compile them in this many processes first")
+                   help="compile the configs the run needs in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
     args = p.parse_args(argv)
-    if args.variants and args.jobs > 1:
+    if args.jobs > 1:
         from nvfp4_ops.cli.precompile import compile_configs
 
         configs = []
@@ -116,19 +120,28 @@ def main(argv: list[str] | None = None) -> int:
             for ep in args.ep:
                 local = ep_slice(s.experts, ep)[1]
                 for num_tokens in args.tokens:
-                    for bm in args.tiles:
+                    for fx in args.flex:
+                        op = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
+                                               s.intermediate, global_num_experts=s.experts,
+                                               order=dispatch.WeightOrder.WPERM,
+                                               flex=bool(fx))
+                        configs += [c.config for c in (op.gate_up, op.down)]
+                        if op.hot is not None:
+                            configs += [op.hot.gate_up.config, op.hot.down.config]
+                    for bm, fx in [(bm, fx) for bm in args.tiles for fx in args.flex]:
                         try:
                             plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
                                                      s.intermediate, global_num_experts=s.experts,
                                                      block_m=bm, order=dispatch.WeightOrder.WPERM,
-                                                     hot=False)
+                                                     hot=False, flex=bool(fx))
                         except ValueError:
                             continue
                         if plan is None or plan.block_m != bm:
                             continue
                         configs += [plan.gate_up.config, plan.down.config]
-                        configs += [c for _, _, v in variant_plans(plan, args)
-                                    for c in (v.gate_up.config, v.down.config)]
+                        if args.variants:
+                            configs += [c for _, _, v in variant_plans(plan, args)
+                                        for c in (v.gate_up.config, v.down.config)]
         t0 = time.monotonic()
         n = compile_configs(configs, args.jobs)
         print(f"{n} variants compiled in {time.monotonic() - t0:.0f} s", flush=True)
@@ -158,17 +171,31 @@ def main(argv: list[str] | None = None) -> int:
                     cost = moe_cost(ids, h, i, expert_start=start, local_experts=local)
                     policy = dispatch.plan_moe(num_tokens, k, local, h, i, global_num_experts=e,
                                                order=dispatch.WeightOrder.WPERM)
+                    op_us = {}
+                    for fx in args.flex:  # the op's own plan (hot tile included)
+                        op = dispatch.plan_moe(num_tokens, k, local, h, i, global_num_experts=e,
+                                               order=dispatch.WeightOrder.WPERM, flex=bool(fx))
+                        call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
+                                                 *w, start, s.swiglu_limit, 1.0, plan=op)
+                        op_us[fx] = time_one_call(call, args.reps, flush)
+                        print(f"    op {'flex ' if fx else 'whole'} {op.block_m}"
+                              f"{f' + hot {op.hot.routing.block_m}' if op.hot else ''}: "
+                              f"{op_us[fx]:8.1f} us", flush=True)
                     cells = {}
-                    for bm in args.tiles:
+                    seen = set()
+                    for bm, fx in [(bm, fx) for bm in args.tiles for fx in args.flex]:
                         try:
                             plan = dispatch.plan_moe(num_tokens, k, local, h, i,
                                                      global_num_experts=e, block_m=bm,
                                                      order=dispatch.WeightOrder.WPERM,
-                                                     hot=False)
+                                                     hot=False, flex=bool(fx))
                         except ValueError:
                             continue
-                        if plan is None or plan.block_m != bm:
+                        if plan is None or plan.block_m != bm or plan in seen:
                             continue
+                        seen.add(plan)
+                        if len(args.flex) > 1:
+                            bm = (bm, fx) if getattr(plan.gate_up.config, "flex", 0) else bm
 
                         call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
                                                  *w, start, s.swiglu_limit, 1.0, plan=plan)
@@ -190,21 +217,32 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{hplan.hot.routing.block_m} (min rows "
                                   f"{hplan.hot.routing.min_rows}, P {hplan.num_rows}): "
                                   f"{hot_us:8.1f} us", flush=True)
-                    need = {bm: int(((counts + bm - 1) // bm).sum()) for bm in cells}
+                    def tile(key):
+                        return key[0] if isinstance(key, tuple) else key
+
+                    need = {key: int(((counts + tile(key) - 1) // tile(key)).sum())
+                            for key in cells}
                     best = min(cells, key=cells.get) if cells else None
                     line = " ".join(
-                        f"{bm:>3d}{'*' if bm == policy.block_m else ' '}{cells[bm]:8.1f}"
-                        f"[{need[bm]}]" for bm in cells)
+                        f"{tile(key):>3d}{'f' if isinstance(key, tuple) else ''}"
+                        f"{'*' if tile(key) == policy.block_m else ' '}{cells[key]:8.1f}"
+                        f"[{need[key]}]" for key in cells)
+                    if len(op_us) == 2:
+                        line += f"  op whole/flex {op_us[0] / op_us[1]:.2f}"
                     print(f"{shape_name} ep{ep} T={num_tokens:<5d} {routing:7s} "
                           f"max/mean rows {int(counts.max())}/{counts.float().mean():.1f} "
                           f"roof {cost.roofline_us:7.1f}  {line}  best {best}", flush=True)
-                    rows.append((shape_name, ep, num_tokens, routing, policy.block_m, best,
-                                 cells.get(policy.block_m), cells.get(best)))
-    print("\nshape     ep  T      routing  policy  best  policy_us  best_us  gain")
-    for shape_name, ep, t, routing, pol, best, pus, bus in rows:
+                    best_tile = f"{tile(best)}{'f' if isinstance(best, tuple) else ''}"
+                    rows.append((shape_name, ep, num_tokens, routing, policy.block_m, best_tile,
+                                 op_us.get(1, op_us.get(0)), cells.get(best), op_us.get(0),
+                                 op_us.get(1)))
+    print("\nshape     ep  T      routing  policy  best  op_us    best_us  gain  whole_us "
+          "flex_us  whole/flex")
+    for shape_name, ep, t, routing, pol, best, pus, bus, whole, fl in rows:
         if pus and bus:
-            print(f"{shape_name:9s} {ep:<3d} {t:<6d} {routing:8s} {pol:<7d} {best:<5d} "
-                  f"{pus:9.1f} {bus:8.1f} {pus / bus:5.2f}")
+            ab = f"{whole:9.1f} {fl:8.1f} {whole / fl:6.2f}" if whole and fl else ""
+            print(f"{shape_name:9s} {ep:<3d} {t:<6d} {routing:8s} {pol:<7d} {best:<5s} "
+                  f"{pus:8.1f} {bus:8.1f} {pus / bus:5.2f} {ab}")
     return 0
 
 

@@ -134,6 +134,12 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
 MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
+#: MoE: the width granularity of each grouped WGMMA tile of two row warpgroups: a CTA runs
+#: its tile only as wide as its real rows need, rounded up to a multiple of this
+#: (``WgmmaConfig.flex``; DESIGN.md section 8, "Flexible width")
+MOE_FLEX = {64: 32, 128: 32, 256: 64}
+#: a larger token tile must cost this much less than a smaller one to be chosen
+MOE_TILE_MARGIN = 0.98
 #: MoE: the hot token tile of each base WGMMA tile (experts whose rows cost less in it take
 #: it, decided per call on the device: ``moe_routing``, "Hot experts")
 MOE_HOT_TILE = {16: 128, 32: 128, 64: 256, 128: 256}
@@ -238,27 +244,64 @@ def local_slots(num_slots: int, num_experts: int, global_num_experts: int = -1) 
     return float(num_slots)
 
 
-def expected_tiles(mean_rows: float, block_m: int) -> float:
-    """``E[ceil(X / block_m)]`` for ``X ~ Poisson(mean_rows)``: the token tiles one expert needs
-    on average when its rows arrive as uniform routing spreads them (an expert with no row
-    needs none). Summed in log space over the terms that matter (``mean +- 10 sd``)."""
-    if mean_rows <= 0:
-        return 0.0
+def _poisson(mean_rows: float):
+    """``(x, P(X = x))`` for ``X ~ Poisson(mean_rows)``, ``x >= 1``, over the terms that matter
+    (``mean +- 10 sd``), computed in log space."""
     sd = math.sqrt(mean_rows)
     lo, hi = max(0, int(mean_rows - 10 * sd - 10)), int(mean_rows + 10 * sd + 10)
     log_mean = math.log(mean_rows)
-    total = 0.0
     for x in range(max(1, lo), hi + 1):
-        total += math.exp(x * log_mean - mean_rows - math.lgamma(x + 1)) * -(-x // block_m)
-    return total
+        yield x, math.exp(x * log_mean - mean_rows - math.lgamma(x + 1))
 
 
-def moe_block_m(num_slots: float, num_experts: int) -> int:
+def expected_tiles(mean_rows: float, block_m: int) -> float:
+    """``E[ceil(X / block_m)]`` for ``X ~ Poisson(mean_rows)``: the token tiles one expert needs
+    on average when its rows arrive as uniform routing spreads them (an expert with no row
+    needs none)."""
+    if mean_rows <= 0:
+        return 0.0
+    return sum(p * -(-x // block_m) for x, p in _poisson(mean_rows))
+
+
+def moe_width_cost(width: int) -> float:
+    """:data:`MOE_TILE_COST` of a tile run ``width`` tokens wide, linear between the measured
+    tiles (a flexible-width tile's last, partial tile)."""
+    keys = sorted(MOE_TILE_COST)
+    for lo, hi in zip(keys, keys[1:], strict=False):
+        if lo <= width <= hi:
+            return MOE_TILE_COST[lo] + (MOE_TILE_COST[hi] - MOE_TILE_COST[lo]) * (
+                (width - lo) / (hi - lo))
+    raise ValueError(f"no tile cost for width {width}")
+
+
+def expert_cost(rows: int, block_m: int, flex: int = 0) -> float:
+    """Cost (:data:`MOE_TILE_COST` units) of one expert's ``rows`` in ``block_m`` tiles: full
+    tiles, and a partial last tile at its own width when the tile has a granularity ``flex``
+    (:data:`MOE_FLEX`)."""
+    full, rest = divmod(rows, block_m)
+    cost = full * MOE_TILE_COST[block_m]
+    if rest:
+        cost += moe_width_cost(-(-rest // flex) * flex) if flex else MOE_TILE_COST[block_m]
+    return cost
+
+
+def expected_cost(mean_rows: float, block_m: int, flex: bool = True) -> float:
+    """``E[expert_cost(X, block_m)]`` for ``X ~ Poisson(mean_rows)`` (the tile's
+    :data:`MOE_FLEX` granularity where ``flex``)."""
+    if mean_rows <= 0:
+        return 0.0
+    granularity = MOE_FLEX.get(block_m, 0) if flex else 0
+    return sum(p * expert_cost(x, block_m, granularity) for x, p in _poisson(mean_rows))
+
+
+def moe_block_m(num_slots: float, num_experts: int, flex: bool = True) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
-    ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least expected cost,
-    :func:`expected_tiles` of the mean rows per expert times :data:`MOE_TILE_COST` (256
-    beyond four 256-row tiles per expert, where padding no longer matters). 8-token tiles run
-    the streamed kernel (a tile per used expert, its weights streamed once), 16-256 WGMMA.
+    ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least
+    :func:`expected_cost` per expert (a larger tile only when it is cheaper by
+    :data:`MOE_TILE_MARGIN`; 256 beyond four 256-row tiles per expert, where padding no longer
+    matters). 8-token tiles run the streamed kernel (a tile per used expert, its weights
+    streamed once), 16-256 WGMMA; ``flex`` (the op's policy) prices the 64-256 tiles at their
+    flexible width, else at whole tiles.
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
     8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
@@ -268,7 +311,12 @@ def moe_block_m(num_slots: float, num_experts: int) -> int:
     mean = num_slots / max(1, num_experts)
     if mean >= 4 * BLOCK_MS[-1]:
         return BLOCK_MS[-1]
-    return min(BLOCK_MS, key=lambda bm: expected_tiles(mean, bm) * MOE_TILE_COST[bm])
+    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex)
+    for bm in BLOCK_MS[1:]:
+        cost = expected_cost(mean, bm, flex)
+        if cost < best_cost * MOE_TILE_MARGIN:
+            best, best_cost = bm, cost
+    return best
 
 
 @functools.cache
@@ -461,7 +509,7 @@ def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
 @functools.cache
 def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias: bool = False,
               grouped: bool = False, m_tiles: int | None = None, permuted: bool = False,
-              chained: bool = False,
+              chained: bool = False, flex: bool = False,
               order: WeightOrder = WeightOrder.CHECKPOINT) -> GemmPlan:
     """The plan of one W4A16 GEMM (``N`` weight rows, reduction ``K``, token tile
     ``block_m``).
@@ -475,6 +523,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         permuted: (grouped) activations in the permuted order of the family serving the tile.
         chained: (grouped) the launch is a GEMM of the MoE chain, so kernels that can overlap
             the previous kernel's tail (launch overlap) do.
+        flex: (grouped) tiles of two row warpgroups run each CTA only as wide as its real
+            rows need (:data:`MOE_FLEX`).
         order: how the weights are stored; WFRAG is for dense problems, WPERM needs
             ``permuted``.
 
@@ -523,6 +573,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
                                    None if permuted else m_tiles)
             if grouped and permuted:
                 flags["pdl"] = chained
+            if grouped and flex and fields["row_wgs"] == 2 and block_m in MOE_FLEX:
+                flags["flex"] = MOE_FLEX[block_m]
     if permuted:
         flags["kperm"] = True
     act_order = _PERMUTED_ORDER[family] if permuted else NATURAL
@@ -587,7 +639,7 @@ def plan_mlp(hidden_size: int, inter: int, num_tokens: int, *,
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, *,
              global_num_experts: int = -1, order: WeightOrder = WeightOrder.CHECKPOINT,
              block_m: int | None = None, permuted: bool | None = None,
-             chained: bool = True, hot: bool = True) -> MoEPlan | None:
+             chained: bool = True, hot: bool = True, flex: bool = True) -> MoEPlan | None:
     """The plan of ``nvfp4::moe`` on CUDA for ``num_tokens >= 1`` tokens routed top-``k`` over
     ``num_experts`` local experts of ``global_num_experts`` (-1: unknown, taken as all local);
     None where the grouped GEMMs do not cover ``(H, I)``.
@@ -602,8 +654,12 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     at least half of the global experts.
 
     ``block_m`` / ``permuted`` override the policy's token tile / activation order,
-    ``chained=False`` launches the GEMMs without launch overlap and ``hot=False`` keeps one
-    tile for all experts (tests and tools only; the op never passes them).
+    The 64-256-row tiles run each CTA only as wide as its real rows need (``flex``,
+    :data:`MOE_FLEX`), and the tile is chosen with that priced in (:func:`moe_block_m`).
+
+    ``chained=False`` launches the GEMMs without launch overlap, ``hot=False`` keeps one
+    tile for all experts and ``flex=False`` runs whole tiles (tests and tools only; the op
+    never passes them).
 
     Raises:
         ValueError: ``order`` is WPERM but the kernels at this tile cannot read it
@@ -615,7 +671,7 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         raise ValueError("the MoE kernels read checkpoint or wperm weights, not wfrag")
     if block_m is None:
         slots = local_slots(num_tokens * top_k, num_experts, global_num_experts)
-        block_m = _moe_tile(moe_block_m(slots, num_experts), hidden_size, inter)
+        block_m = _moe_tile(moe_block_m(slots, num_experts, flex), hidden_size, inter)
     if permuted is None:
         permuted = _grouped_permuted(hidden_size, inter, block_m)
     num_slots = num_tokens * top_k
@@ -632,7 +688,7 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
 
     def gemms(tile: int, sibling: bool = False) -> tuple[GemmPlan, GemmPlan]:
         common = dict(grouped=True, m_tiles=_grouped_m_tiles(num_rows, tile),
-                      permuted=permuted, chained=chained, order=order)
+                      permuted=permuted, chained=chained, flex=flex, order=order)
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
         down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
@@ -707,7 +763,7 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
             permuted = _grouped_permuted(hidden_size, inter, tile)
             for m_tiles in range(1, PERSIST_MAX_TILES + 2):
                 common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=True,
-                              order=order)
+                              flex=True, order=order)
                 for plan in (plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu",
                                        **common),
                              plan_gemm(hidden_size, inter, tile, epilogue="row_scale",

@@ -220,6 +220,10 @@ class WgmmaConfig(GemmProblem):
     #: piece's first stage): the consumers load and convert them during a stage, so the next
     #: stage starts with its scales in registers
     scale_ahead: bool = False
+    #: (grouped) token width granularity: each CTA runs its tile only as wide as its real
+    #: rows need, ``flex * ceil(tile_rows / flex)`` tokens ("Flexible width" in the module
+    #: docstring; 0 = always ``block_m``)
+    flex: int = 0
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -270,6 +274,11 @@ class WgmmaConfig(GemmProblem):
                              "weights with split_k=1 and K % 128 == 0")
         if self.scale_ahead and self.stage_k != 128:
             raise ValueError("scale_ahead is for 128-k stages")
+        if self.flex and not (self.grouped and not self.streamk and self.split_k == 1
+                              and self.flex in (32, 64) and self.block_m % self.flex == 0
+                              and self.block_m // self.flex <= 4):
+            raise ValueError(f"flex={self.flex}: a width granularity is for grouped tiles "
+                             "without split_k, 32 or 64 dividing block_m in at most 4 widths")
 
     @property
     def consumers(self) -> int:
@@ -309,8 +318,17 @@ class WgmmaConfig(GemmProblem):
             f"{'_pdl' if self.pdl else ''}{'_sib' if self.sibling else ''}"
             f"{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
-            f"{'_sa' if self.scale_ahead else ''}_{self.arch}"
+            f"{'_sa' if self.scale_ahead else ''}{f'_fx{self.flex}' if self.flex else ''}"
+            f"_{self.arch}"
         )
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The token widths a CTA can run its tile at: multiples of ``flex`` up to
+        ``block_m`` (just ``block_m`` without ``flex``)."""
+        if not self.flex:
+            return (self.block_m,)
+        return tuple(range(self.flex, self.block_m + 1, self.flex))
 
     @property
     def partial_len(self) -> int:
@@ -467,12 +485,12 @@ class W4A16WgmmaGemm:
         cfg = self.cfg
         bm = cfg.block_m
         # activations: [block_m, 64] bf16 boxes, K-major, 128-byte swizzle (the WGMMA B layout)
-        b_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        b_layout = cute.tile_to_shape(b_atom, (bm, BLOCK_K, self.stages * self.sub),
-                                      order=(0, 1, 2))
+        b_layout = self.b_layout(bm, self.stages * self.sub)
+        # flex: boxes of `flex` token rows, as many per stage as the CTA's width needs
+        box_m = cfg.flex if cfg.flex else bm
         tma_b, m_b = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), a, cute.slice_(b_layout, (None, None, 0)),
-            (bm, BLOCK_K),
+            cpasync.CopyBulkTensorTileG2SOp(), a,
+            cute.slice_(self.b_layout(box_m, 1), (None, None, 0)), (box_m, BLOCK_K),
         )
         # weights as one [G*N, K/2] byte matrix: row expert*N + n; 32 x 32-byte boxes
         w2 = cute.make_tensor(
@@ -512,6 +530,8 @@ class W4A16WgmmaGemm:
             # partial slots for (nvfp4_ops.kernels.linear_cuda.streamk_scratch)
             grid = [tile_rows.shape[0] // (2 * cfg.partial_len), 1, 1]
             aux = tile_rows
+        if const_expr(cfg.flex):
+            extra = (None, None, tile_rows)
         self.kernel(
             tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, aux, bias,
             swiglu_limit, tiled_mma, b_layout, num_rows, *extra,
@@ -522,6 +542,15 @@ class W4A16WgmmaGemm:
             stream=stream,
             use_pdl=cfg.pdl,
         )
+
+    def b_layout(self, rows: int, boxes: int):
+        """Shared-memory layout of ``boxes`` activation boxes of ``rows`` tokens x
+        :data:`BLOCK_K` bf16 (K-major, 128-byte swizzle: the WGMMA B layout). Rows are tiled
+        first, in 8-row atoms of 1024 bytes, so ``w / f`` consecutive boxes of ``f`` rows are
+        the same bytes as one box of ``w`` rows (what the ``flex`` widths rely on; plain
+        Python)."""
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        return cute.tile_to_shape(atom, (rows, BLOCK_K, boxes), order=(0, 1, 2))
 
     def w_layout(self, boxes: int):
         """Shared-memory layout of ``boxes`` weight boxes ``(box_rows, box_bytes)``, row-major;
@@ -580,6 +609,7 @@ class W4A16WgmmaGemm:
         num_rows: Int32,
         tma_s: cute.CopyAtom = None,
         m_s: cute.Tensor = None,
+        tile_rows: cute.Tensor = None,
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -593,6 +623,74 @@ class W4A16WgmmaGemm:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        if const_expr(cfg.flex):
+            if expert >= 0:
+                # the tile's width class, from its real rows (the routing's, complete before
+                # this grid launched: moe_cuda, "Launch overlap"); uniform over the CTA
+                last = len(cfg.widths) - 1
+                cls = cutlass.min(cutlass.max(tile_rows[bidy] - 1, 0) // cfg.flex, last)
+                for c in cutlass.range_constexpr(last + 1):
+                    if cls == c:
+                        self.flex_tile(storage, cfg.widths[c], tma_b, m_b, tma_w, m_w,
+                                       w_scale, w_global, out, row_scale, bias, swiglu_limit,
+                                       expert, bidx, bidy, num_rows, tidx, warp, wg)
+            elif const_expr(cfg.pdl):
+                if bidx + bidy == 0:
+                    cute.arch.griddepcontrol_wait()
+            if const_expr(cfg.sibling):
+                if bidx + bidy == 0:
+                    cute.arch.griddepcontrol_wait()
+        else:
+            self.fixed_tile(storage, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
+                            tile_expert, row_scale, bias, swiglu_limit, tiled_mma, b_layout,
+                            num_rows, tma_s, m_s, expert, tidx, bidx, bidy, warp, wg)
+
+    @cute.jit
+    def flex_tile(self, storage, width: int, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
+                  row_scale, bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, warp,
+                  wg):
+        """A grouped tile run ``width`` tokens wide (``flex``): its own ring barriers (a stage
+        delivers ``width`` activation rows), ring layout (stage stride ``width`` rows) and
+        WGMMA of N = ``width``; the producer and consumer of the fixed-width path."""
+        cfg = self.cfg
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.row_wgs),
+            tx_count=width * BLOCK_K * 2 + self.w_stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        b_layout = self.b_layout(width, self.stages)
+        s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+        # the producer's view of the same bytes: `width / flex` boxes of `flex` rows per stage
+        box_layout = self.b_layout(cfg.flex, self.stages * (width // cfg.flex))
+        s_box = storage.s_b.get_tensor(box_layout.outer, swizzle=box_layout.inner)
+        s_w = storage.s_w.get_tensor(self.w_layout(self.stages * self.num_boxes))
+        tiled_mma = cute.make_tiled_mma(
+            warpgroup.MmaF16BF16Op(
+                BFloat16, Float32, (64, width, 16), warpgroup.OperandSource.RMEM,
+                cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            )
+        )
+        if wg == cfg.consumers:
+            if const_expr(cfg.uses_setmaxnreg):
+                cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp % 4 == 0:
+                self.producer(pipe, tma_b, m_b, tma_w, m_w, s_box, s_w, expert, bidx, bidy,
+                              width)
+        else:
+            if const_expr(cfg.uses_setmaxnreg):
+                cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale,
+                          bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg, width)
+
+    @cute.jit
+    def fixed_tile(self, storage, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
+                   tile_expert, row_scale, bias, swiglu_limit, tiled_mma, b_layout, num_rows,
+                   tma_s, m_s, expert, tidx, bidx, bidy, warp, wg):
+        """Every tile ``block_m`` tokens wide (dense, stream-K and grouped without ``flex``)."""
+        cfg = self.cfg
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(),
             num_stages=self.stages,
@@ -651,9 +749,12 @@ class W4A16WgmmaGemm:
     def tma_views(self, tma_b, m_b, tma_w, m_w, s_b, s_w, token_tile):
         """The producer's TMA partitions ``(t_sb, t_gb, t_sw, t_gw)``: the activation ring and
         the ``(block_m, BLOCK_K)`` tiles of token tile ``token_tile`` (None: of every token
-        tile, for stream-K), the weight ring and every 32-row weight box (plain Python,
-        inlined while tracing)."""
-        g_b = cute.local_tile(m_b, (self.cfg.block_m, BLOCK_K), (token_tile, None))
+        tile, for stream-K; with ``flex`` every ``(flex, BLOCK_K)`` box of every tile), the
+        weight ring and every 32-row weight box (plain Python, inlined while tracing)."""
+        if const_expr(self.cfg.flex):
+            g_b = cute.local_tile(m_b, (self.cfg.flex, BLOCK_K), (None, None))
+        else:
+            g_b = cute.local_tile(m_b, (self.cfg.block_m, BLOCK_K), (token_tile, None))
         t_sb, t_gb = cpasync.tma_partition(
             tma_b, 0, cute.make_layout(1), cute.group_modes(s_b, 0, 2),
             cute.group_modes(g_b, 0, 2),
@@ -666,11 +767,15 @@ class W4A16WgmmaGemm:
         return t_sb, t_gb, t_sw, t_gw
 
     @cute.jit
-    def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy):
-        """One warp: per stage, the activation tile and ``2 * row_wgs`` weight boxes."""
+    def producer(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, expert, bidx, bidy,
+                 width: int = 0):
+        """One warp: per stage, the activation tile and ``2 * row_wgs`` weight boxes. With
+        ``flex`` (``width`` tokens): ``width / flex`` activation boxes per stage, ``s_b``
+        being the ring as boxes (:meth:`flex_tile`)."""
         cfg = self.cfg
         nb = self.num_boxes
         t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, bidy)
+        acts = self.act_copies(tma_b, t_gb, t_sb, bidy, width)
         # 32-row box index of each weight box of this CTA (see the module docstring)
         base = expert * (cfg.n // 32)
         box_rows = []
@@ -699,19 +804,37 @@ class W4A16WgmmaGemm:
             early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                  self.stages)
             for pk in cutlass.range_constexpr(first):
-                abar = pipe.producer_get_barrier(early)
-                cute.copy(tma_b, t_gb[(None, pk)], t_sb[(None, early.index)], tma_bar_ptr=abar)
+                acts(pk, early.index, pipe.producer_get_barrier(early))
                 pipe.producer_commit(early)
                 early.advance()
         for kt in cutlass.range(first, self.k_tiles, unroll=1):
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
-            cute.copy(tma_b, t_gb[(None, kt)], t_sb[(None, state.index)], tma_bar_ptr=bar)
+            acts(kt, state.index, bar)
             for i in cutlass.range_constexpr(nb):
                 cute.copy(tma_w, t_gw[(None, box_rows[i], kt)],
                           t_sw[(None, state.index * nb + i)], tma_bar_ptr=bar)
             pipe.producer_commit(state)
             state.advance()
+
+    def act_copies(self, tma_b, t_gb, t_sb, bidy, width: int):
+        """``copy(kt, slot, bar)``: the TMA copies of k tile ``kt``'s activations of token
+        tile ``bidy`` into ring slot ``slot``, on barrier ``bar``: one ``(block_m,
+        BLOCK_K)`` box, or with ``flex`` the first ``width / flex`` boxes of ``flex`` rows
+        (plain Python, inlined while tracing)."""
+        cfg = self.cfg
+
+        def copy(kt, slot, bar):
+            if const_expr(cfg.flex):
+                per_tile = cfg.block_m // cfg.flex
+                boxes = width // cfg.flex
+                for q in range(boxes):
+                    cute.copy(tma_b, t_gb[(None, bidy * per_tile + q, kt)],
+                              t_sb[(None, slot * boxes + q)], tma_bar_ptr=bar)
+            else:
+                cute.copy(tma_b, t_gb[(None, kt)], t_sb[(None, slot)], tma_bar_ptr=bar)
+
+        return copy
 
     def streamk_item(self, i, start, end, n_tiles):
         """``(k0, k1, tm, tn)``: the stages ``[k0, k1)`` of output tile ``i`` (feature tile
@@ -982,8 +1105,11 @@ class W4A16WgmmaGemm:
 
     @cute.jit
     def consumer(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale, bias,
-                 swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg):
+                 swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg, width: int = 0):
+        """A consumer warpgroup's tile: the k loop (:meth:`tile`), the split-K sum and the
+        epilogue; ``width`` tokens wide with ``flex`` (``tiled_mma`` and ``s_b`` of that N)."""
         cfg = self.cfg
+        width = width if width else cfg.block_m
         nsplit = cfg.split_k
         lt = tidx % 128
         wq = lt // 32  # warp within the warpgroup
@@ -1010,7 +1136,7 @@ class W4A16WgmmaGemm:
         s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * kb16)
         s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
 
-        t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
+        t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt, width)
         acc.fill(0.0)
 
         if const_expr(cfg.pdl):
@@ -1071,7 +1197,7 @@ class W4A16WgmmaGemm:
                               num_rows, row_lo, row_hi, quad)
         else:
             self.epilogue(acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
-                          num_rows, row_lo, row_hi, quad)
+                          num_rows, row_lo, row_hi, quad, width)
 
     def a_row_offsets(self, rq, wq, grp, quad):
         """``(off_lo, off_hi)``: byte offsets within a stage's weight boxes of the lane's two A
@@ -1111,17 +1237,19 @@ class W4A16WgmmaGemm:
         row_lo = tile_n * cfg.features_per_cta + 64 * rq + 16 * wq + grp
         return row_lo, row_lo + 8
 
-    def registers(self, tiled_mma, s_b, lt):
+    def registers(self, tiled_mma, s_b, lt, width: int = 0):
         """A consumer thread's MMA state (plain Python, inlined while tracing): ``(t_cb, acc,
         frags, raw, scl, sc)``: its B fragments of the activation ring, the fp32 accumulators
-        (64 A rows x ``block_m`` tokens per warpgroup; not zeroed), the A-fragment buffers
+        (64 A rows x ``width`` tokens per warpgroup, ``block_m`` by default; not zeroed),
+        the A-fragment buffers
         ``[chunk buffer][k16 step]``, and the next chunk's raw weight words (rows lo, hi), its
         block scales (packed bf16x2 pairs, :meth:`load_chunk`) and the raw scale words
         ``[lo, hi] x [this, next tile]``, loaded before the wait for the previous WGMMAs so
         their latency hides behind it. Sets the MMA to accumulate."""
         thr_mma = tiled_mma.get_slice(lt)
         t_cb = tiled_mma.make_fragment_B(thr_mma.partition_B(s_b))
-        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, self.cfg.block_m)),
+        width = width or self.cfg.block_m
+        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((64, width)),
                                     Float32)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         a_shape = tiled_mma.partition_shape_A((64, 16))
@@ -1289,9 +1417,11 @@ class W4A16WgmmaGemm:
 
     @cute.jit
     def epilogue(self, acc, w_global, out, row_scale, bias, swiglu_limit, expert, bidy,
-                 num_rows, row_lo, row_hi, quad):
-        """Accumulator element ``i = v0 + 2 v1 + 4 j``: A row g + 8 v1, token 8j + 2c + v0."""
+                 num_rows, row_lo, row_hi, quad, width: int = 0):
+        """Accumulator element ``i = v0 + 2 v1 + 4 j``: A row g + 8 v1, token 8j + 2c + v0 of
+        the tile's first ``width`` tokens (``block_m`` by default)."""
         cfg = self.cfg
+        width = width if width else cfg.block_m
         # the shift decoder feeds the MMA e2m1 * scale * 2^-7: scaling back by 2^7 is exact
         g_lo = row_global(cfg, w_global, expert, row_lo) * Float32(128.0)
         if const_expr(cfg.epilogue == "swiglu"):
@@ -1310,7 +1440,7 @@ class W4A16WgmmaGemm:
             # GEMM 2 reads this output k-permuted: feature f goes to 32 (f/32) + dst(f % 32)
             f = row_lo % 32
             col_lo = row_lo - f + 8 * (f % 4) + f // 4
-        for j in cutlass.range_constexpr(cfg.block_m // 8):
+        for j in cutlass.range_constexpr(width // 8):
             for v0 in cutlass.range_constexpr(2):
                 token = m0 + 8 * j + 2 * quad + v0
                 if token < num_rows:
