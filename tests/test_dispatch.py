@@ -4,6 +4,7 @@ tile, the fallbacks, the MoE plan, the weight orders, and the import structure (
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 from pathlib import Path
@@ -186,20 +187,70 @@ def test_moe_plan_is_asked_once_and_consistent():
 
 
 def test_moe_block_m_rule():
-    assert D.moe_block_m(6, 256) == 8
-    assert D.moe_block_m(6 * 128, 256) == 8
-    assert D.moe_block_m(6 * 512, 256) == 16
-    assert D.moe_block_m(6 * 4096, 256) == 128
-    assert D.moe_block_m(6 * 16384, 256) == 256
-    assert all(D.moe_block_m(n, 256) in D.BLOCK_MS for n in range(0, 10**5, 997))
-    # the cells where the measured best tile is larger than the mean rows per expert
-    # (benchmarks/results/moe_tiles_h200.log): V4-Pro T = 512 / 1024 / 2048, V4-Flash T = 256
-    assert D.moe_block_m(6 * 512, 384) == 16
-    assert D.moe_block_m(6 * 1024, 384) == 32
+    whole = functools.partial(D.moe_block_m, flex=False)
+    for rule in (D.moe_block_m, whole):
+        assert rule(6, 256) == 8
+        assert rule(6 * 128, 256) == 8
+        assert rule(6 * 512, 256) == 16
+        assert rule(6 * 4096, 256) == 128
+        assert rule(6 * 16384, 256) == 256
+        assert all(rule(n, 256) in D.BLOCK_MS for n in range(0, 10**5, 997))
+        assert rule(6 * 512, 384) == 16
+        assert rule(6 * 256, 256) == 16
+    # whole-width tiles: the cells where the measured best tile is larger than the mean rows
+    # per expert (benchmarks/results/moe_tiles_h200.log): V4-Pro T = 512 / 1024 / 2048,
+    # V4-Flash T = 256
+    assert whole(6 * 1024, 384) == 32
+    assert whole(6 * 2048, 384) == 64
+    assert whole(6 * 4096, 384) == 64
+    assert whole(6 * 1024, 256) == 32
+    # flexible widths make a larger tile's partial last tile cheap: the tiles measured best
+    # with them (benchmarks/results/moe_flex_h200.log)
+    assert D.moe_block_m(6 * 1024, 256) == 64
     assert D.moe_block_m(6 * 2048, 384) == 64
-    assert D.moe_block_m(6 * 4096, 384) == 64
-    assert D.moe_block_m(6 * 256, 256) == 16
-    assert D.moe_block_m(6 * 1024, 256) == 32
+    assert D.moe_block_m(6 * 4096, 384) == 128
+    assert D.moe_block_m(6 * 16384, 384) == 256
+
+
+def test_flexible_width_cost():
+    """A partial last tile is priced at its width rounded up to the tile's granularity
+    (``MOE_FLEX``), linear between the measured tiles; whole tiles otherwise."""
+    assert D.moe_width_cost(64) == D.MOE_TILE_COST[64]
+    assert D.moe_width_cost(96) == pytest.approx((D.MOE_TILE_COST[64]
+                                                  + D.MOE_TILE_COST[128]) / 2)
+    with pytest.raises(ValueError, match="width 300"):
+        D.moe_width_cost(300)
+    assert D.expert_cost(70, 128, 32) == D.moe_width_cost(96)
+    assert D.expert_cost(128, 128, 32) == D.MOE_TILE_COST[128]
+    assert D.expert_cost(129, 128, 32) == D.MOE_TILE_COST[128] + D.moe_width_cost(32)
+    assert D.expert_cost(70, 128) == D.MOE_TILE_COST[128]
+    assert D.expert_cost(0, 128, 32) == 0.0
+    # without a granularity (8-32 tiles, or flex off) the expectation is whole tiles
+    for bm in (8, 16, 32):
+        assert D.expected_cost(20.0, bm) == pytest.approx(
+            D.expected_tiles(20.0, bm) * D.MOE_TILE_COST[bm], rel=1e-12)
+    assert D.expected_cost(60.0, 128, flex=False) == pytest.approx(
+        D.expected_tiles(60.0, 128) * D.MOE_TILE_COST[128], rel=1e-12)
+    assert D.expected_cost(60.0, 128) < D.expected_cost(60.0, 128, flex=False)
+
+
+def test_flexible_width_in_the_moe_plan():
+    """The op's plan runs its 64-256-row tiles (two row warpgroups) at flexible width, hot
+    tile included; the 8-32 tiles, ``flex=False`` plans and dense GEMMs never do."""
+    for t in (1, 128, 512, 1024, 2048, 4096, 16384):
+        for flex in (True, False):
+            plan = D.plan_moe(t, 6, 384, 7168, 3072, flex=flex)
+            gemms = [(plan.block_m, plan.gate_up), (plan.block_m, plan.down)]
+            if plan.hot is not None:
+                gemms += [(plan.hot.routing.block_m, g)
+                          for g in (plan.hot.gate_up, plan.hot.down)]
+            for bm, g in gemms:
+                want = D.MOE_FLEX.get(bm, 0) if flex else 0
+                assert getattr(g.config, "flex", 0) == want, (t, flex, bm)
+    assert D.plan_moe(4096, 6, 384, 7168, 3072).block_m == 128
+    assert D.plan_moe(4096, 6, 384, 7168, 3072, flex=False).block_m == 64
+    assert not D.plan_gemm(7168, 18432, 128, m_tiles=4).config.flex
+    assert not D.plan_gemm(4096, 4096, 128, epilogue="swiglu", grouped=True).config.flex
 
 
 def test_expected_tiles_is_the_poisson_mean_of_the_ceiling():

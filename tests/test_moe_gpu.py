@@ -151,6 +151,55 @@ def test_hot_expert_tiles_match_reference(flash, case, num_tokens):
                                 f"{plan.hot.routing.block_m}")
 
 
+def _routing_with_counts(counts, num_tokens, num_experts, top_k):
+    """Ids ``[num_tokens, top_k]`` in which expert ``e < len(counts)`` gets exactly
+    ``counts[e]`` slots and the other slots go to the remaining experts, at most ``num_tokens``
+    each; slot ``j`` (sorted by expert) is token ``j % num_tokens``'s, so no token picks an
+    expert twice."""
+    counts = list(counts)
+    rest = num_tokens * top_k - sum(counts)
+    assert rest >= 0 and max(counts) <= num_tokens
+    for _ in range(len(counts), num_experts):
+        counts.append(min(rest, num_tokens // 4))
+        rest -= counts[-1]
+    assert rest == 0, "too few experts for the slots"
+    flat = torch.repeat_interleave(torch.arange(num_experts), torch.tensor(counts))
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    for j, e in enumerate(flat.tolist()):
+        ids[j % num_tokens, j // num_tokens] = e
+    return ids
+
+
+@pytest.mark.parametrize("block_m,hot", [(64, False), (128, False), (256, False), (64, True)])
+def test_flexible_width_tiles_every_width(flash, block_m, hot):
+    """Flexible-width tiles (``WgmmaConfig.flex``): experts whose rows end in every width
+    class of the tile (1 row, a class boundary, one past it, a full tile, a full tile and one
+    row) give the reference's output and bitwise the output of the same plan at whole width;
+    with ``hot``, the hot experts' 256-row tile is flexible too."""
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+
+    num_tokens = 512
+    counts = [1, 31, 32, 33, 63, 64, 65, 96, 97, 127, 128, 129, 192, 193, 255, 256, 257, 300]
+    ids = _routing_with_counts(counts, num_tokens, FLASH.experts, FLASH.top_k).cuda()
+    weights = torch.rand(num_tokens, FLASH.top_k, device="cuda")
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    sizes = (num_tokens, FLASH.top_k, FLASH.experts, FLASH.hidden, FLASH.intermediate)
+
+    def run(flex):
+        plan = dispatch.plan_moe(*sizes, block_m=block_m, hot=hot, flex=flex)
+        assert plan.block_m == block_m and (plan.hot is not None) == hot
+        gemms = [plan.gate_up, plan.down] + ([plan.hot.gate_up, plan.hot.down] if hot else [])
+        assert all(bool(g.config.flex) == flex for g in gemms)
+        _poison_allocator(8 * plan.num_rows * (FLASH.hidden + FLASH.intermediate))
+        return moe_cuda.moe_forward(hidden, ids, weights, *flash.args(), 0,
+                                    FLASH.swiglu_limit, 1.5, plan=plan)
+
+    got = run(True)
+    want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"flex bm={block_m} hot={hot}")
+    assert torch.equal(got, run(False)), "flexible width differs from whole width"
+
+
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
     """One graph at a size with a hot tile, replayed with routings that use no hot expert,
     some, and only hot experts: every replay equals the eager call and the reference."""

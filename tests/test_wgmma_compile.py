@@ -142,3 +142,35 @@ def test_launch_overlap_waits(block_m, tmp_path):
     assert counts == {False: [0, 0], True: [3, 1]}
     with pytest.raises(ValueError):
         w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, pdl=True)  # dense: no
+
+
+def test_flexible_width_configs():
+    """``flex`` (grouped, no split-K, 32 or 64 dividing block_m in at most four widths): the
+    widths a CTA can run at, in the config's name; refused elsewhere."""
+    cfg = w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True, block_m=128, flex=32)
+    assert cfg.widths == (32, 64, 96, 128) and "_fx32_" in cfg.name
+    assert w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True,
+                                   block_m=256, flex=64).widths == (64, 128, 192, 256)
+    assert w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True).widths == (128,)
+    for kw in (dict(grouped=False), dict(block_m=256, flex=32), dict(flex=48),
+               dict(block_m=32, flex=64)):
+        with pytest.raises(ValueError, match="flex="):
+            w4a16_wgmma.WgmmaConfig(4096, 4096, "none", **{"grouped": True, "block_m": 128,
+                                                           "flex": 32, **kw})
+
+
+def test_flexible_width_kernel_has_a_wgmma_per_width(tmp_path):
+    """A flexible-width kernel holds one WGMMA shape per width (N = 32, 64, 96, 128 for a
+    128-row tile at granularity 32), a whole-width one only its tile's."""
+    import re
+
+    def shapes(cfg, sub):
+        text = kernel_ptx(cfg, tmp_path / sub)
+        return sorted({int(n) for n in re.findall(r"wgmma\.mma_async\S*\.m64n(\d+)k16", text)})
+
+    flex = _plan(4096, 4096, 128, "swiglu", grouped=True, permuted=True, chained=True,
+                 flex=True)
+    assert flex.flex == 32
+    assert shapes(flex, "flex") == [32, 64, 96, 128]
+    whole = _plan(4096, 4096, 128, "swiglu", grouped=True, permuted=True, chained=True)
+    assert shapes(whole, "whole") == [128]
