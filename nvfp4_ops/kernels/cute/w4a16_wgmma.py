@@ -102,6 +102,15 @@ Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 at 640 threads: 24 / 112), one CTA per SM. Smaller tiles need 50-79 registers and no
 ``setmaxnreg``, so 2-3 CTAs share an SM, which the decode latency of small grouped tiles needs.
 
+Flexible width (``flex``, grouped): a MoE token tile holds one expert's rows, often fewer
+than ``block_m``. The CTA reads ``tile_rows[tile]`` and runs its whole tile at the width
+``flex * ceil(rows / flex)``: a code path per width (:attr:`WgmmaConfig.widths`), each with
+its own ring barriers (a stage delivers ``width`` activation rows as ``width / flex`` TMA boxes
+of ``flex`` rows), its ring layout (stage stride ``width`` rows) and a WGMMA of N = ``width``,
+so padding rows cost neither tensor-core time nor activation traffic. Rows past the width are
+neither read nor written (their outputs are never combined). Every output element sums the
+same products in the same order at any width.
+
 Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only; the
 tile shape for a problem is chosen by :mod:`nvfp4_ops.kernels.dispatch`.
 """
