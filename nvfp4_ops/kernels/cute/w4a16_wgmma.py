@@ -654,6 +654,19 @@ class W4A16WgmmaGemm:
                             tile_expert, row_scale, bias, swiglu_limit, tiled_mma, b_layout,
                             num_rows, tma_s, m_s, expert, tidx, bidx, bidy, warp, wg)
 
+    def ring(self, storage, tx_count: int):
+        """The full / empty mbarrier ring of the CTA's stages, each stage completing on
+        ``tx_count`` bytes of TMA copies (plain Python, inlined while tracing)."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     4 * self.cfg.row_wgs),
+            tx_count=tx_count,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
     @cute.jit
     def flex_tile(self, storage, width: int, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
                   row_scale, bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, warp,
@@ -662,14 +675,7 @@ class W4A16WgmmaGemm:
         delivers ``width`` activation rows), ring layout (stage stride ``width`` rows) and
         WGMMA of N = ``width``; the producer and consumer of the fixed-width path."""
         cfg = self.cfg
-        pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bars.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.row_wgs),
-            tx_count=width * BLOCK_K * 2 + self.w_stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
+        pipe = self.ring(storage, width * BLOCK_K * 2 + self.w_stage_bytes)
         b_layout = self.b_layout(width, self.stages)
         s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
         # the producer's view of the same bytes: `width / flex` boxes of `flex` rows per stage
@@ -700,14 +706,7 @@ class W4A16WgmmaGemm:
                    tma_s, m_s, expert, tidx, bidx, bidy, warp, wg):
         """Every tile ``block_m`` tokens wide (dense, stream-K and grouped without ``flex``)."""
         cfg = self.cfg
-        pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bars.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.row_wgs),
-            tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
+        pipe = self.ring(storage, self.tx_bytes)
         s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
         w_layout = self.w_layout(self.stages * self.num_boxes * 32 // self.box_rows)
         if const_expr(self.sub > 1):
