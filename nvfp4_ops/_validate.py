@@ -236,6 +236,8 @@ def check_linear_meta(
     op: str = "nvfp4.linear",
 ) -> None:
     """Metadata of an ``nvfp4::linear`` call (no data read; op and fake)."""
+    if _linear_meta_ok(x, weight, weight_scale, global_scale, bias):
+        return
     expect_dtype(op, "x", x, torch.bfloat16)
     if x.dim() != 2:
         raise NVFP4InputError(f"{op}: x must be 2-D [M, K], got shape {_shape(x)}")
@@ -331,6 +333,9 @@ def check_moe_meta(
 ) -> None:
     """Metadata of an ``nvfp4::moe`` call (no data read; op and fake). The Python scalars
     are :func:`check_moe_scalars`'."""
+    if _moe_meta_ok(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+                    w2_global):
+        return
     expect_dtype(op, "hidden", hidden, torch.bfloat16)
     if hidden.dim() != 2:
         raise NVFP4InputError(f"{op}: hidden must be 2-D [T, H], got shape {_shape(hidden)}")
@@ -352,6 +357,73 @@ def check_moe_meta(
                  w2_global=w2_global)
     expect_same_device(op, named)
     expect_contiguous(op, named)
+
+
+# --- the fast path of the metadata checks ---------------------------------------------------
+#
+# An eager decode call is a few tens of µs of host time in all, and the detailed checks above
+# (one helper per rule, each building its message's context) took ~15 µs of it for the MoE.
+# The predicates below read each tensor's metadata once and answer whether a call has the
+# common, valid form. True implies that every detailed check passes (tests/test_validation.py
+# holds them to that for each way a check can fail); False only sends the call through the
+# detailed checks, which raise with the message or pass (a valid form not covered here).
+
+_IDS = (torch.int32, torch.int64)
+
+
+def _same_device_contiguous(first: torch.Tensor, *rest: torch.Tensor | None) -> bool:
+    device = first.device
+    if not first.is_contiguous():
+        return False
+    for t in rest:
+        if t is not None and (t.device != device or not t.is_contiguous()):
+            return False
+    return True
+
+
+def _linear_meta_ok(x, weight, weight_scale, global_scale, bias) -> bool:
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.uint8
+            or weight_scale.dtype not in SCALE_DTYPES or global_scale.dtype != torch.float32
+            or (bias is not None and bias.dtype != torch.bfloat16)):
+        return False
+    xs, ws = x.shape, weight.shape
+    if len(xs) != 2 or len(ws) != 2:
+        return False
+    k, n = xs[1], ws[0]
+    if k <= 0 or k % K_ALIGN or ws[1] * 2 != k or weight_scale.shape != (n, k // 16):
+        return False
+    if global_scale.dim() != 0 and global_scale.shape != (n,):
+        return False
+    if bias is not None and bias.shape != (n,):
+        return False
+    return _same_device_contiguous(x, weight, weight_scale, global_scale, bias)
+
+
+def _moe_meta_ok(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+                 w2_global) -> bool:
+    if (hidden.dtype != torch.bfloat16 or topk_ids.dtype not in _IDS
+            or topk_weights.dtype != torch.float32 or w13.dtype != torch.uint8
+            or w2.dtype != torch.uint8 or w13_scale.dtype not in SCALE_DTYPES
+            or w2_scale.dtype not in SCALE_DTYPES or w13_global.dtype != torch.float32
+            or w2_global.dtype != torch.float32):
+        return False
+    hs, ws, ids = hidden.shape, w13.shape, topk_ids.shape
+    if len(hs) != 2 or len(ws) != 3 or len(ids) != 2:
+        return False
+    num_tokens, h = hs
+    e, two_i, h_half = ws
+    inter = two_i // 2
+    if (h <= 0 or h % K_ALIGN or inter <= 0 or inter % K_ALIGN or two_i != 2 * inter
+            or h_half * 2 != h or ids[0] != num_tokens or topk_weights.shape != ids):
+        return False
+    if (w13_scale.shape != (e, two_i, h // 16) or w2.shape != (e, h, inter // 2)
+            or w2_scale.shape != (e, h, inter // 16)):
+        return False
+    g13, g2 = w13_global.shape, w2_global.shape
+    if (g13 != (e, 2) and g13 != (e, two_i)) or (g2 != (e,) and g2 != (e, h)):
+        return False
+    return _same_device_contiguous(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global,
+                                   w2, w2_scale, w2_global)
 
 
 # --- weight data: checked once, at load -----------------------------------------------------

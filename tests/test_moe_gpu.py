@@ -573,7 +573,8 @@ def _poison_reused():
     later call shows up as NaN instead of as the previous call's value."""
     from nvfp4_ops.kernels import moe_cuda
 
-    for bufs, _ in moe_cuda._reused.values():
+    for entry in moe_cuda._reused.values():
+        bufs = entry.bufs
         for t in (bufs.a, bufs.row_scale, bufs.act, bufs.expert_out):
             t.fill_(float("nan"))
 
@@ -621,6 +622,45 @@ def test_eager_calls_reuse_buffers_exactly(flash, num_tokens, monkeypatch):
     with torch.cuda.graph(graph):
         nvfp4_ops.moe(*calls[0], **kw)
     assert len(moe_cuda._reused) == entries, "a capture took the eager buffers"
+
+
+def test_eager_bound_launches_follow_new_argument_kinds(flash):
+    """Repeated eager calls launch their Triton kernels bound to the reused buffers; a later
+    call with ids of another dtype, an unaligned hidden state or another ``expert_start``
+    still computes exactly what a call with fresh buffers computes."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    num_tokens = 3
+    kw = dict(global_num_experts=FLASH.experts, swiglu_limit=FLASH.swiglu_limit)
+    torch.manual_seed(7)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+    nvfp4_ops.moe(hidden, ids.int(), weights, *flash.args(), **kw)  # binds the launches
+    flat = torch.empty(num_tokens * FLASH.hidden + 1, dtype=torch.bfloat16, device="cuda")
+    unaligned = flat[1:].view(num_tokens, FLASH.hidden)
+    unaligned.copy_(hidden)
+    cases = [(hidden, ids.long(), 0), (unaligned, ids.int(), 0), (hidden, ids.int(), 0)]
+    # a local slice of the experts that holds every id, seen from a larger id space
+    start = 5
+    shifted = dict(kw, global_num_experts=FLASH.experts + start)
+    got = [nvfp4_ops.moe(h, i, weights, *flash.args(), expert_start=s, **kw)
+           for h, i, s in cases]
+    got_shifted = nvfp4_ops.moe(hidden, ids.int() + start, weights, *flash.args(),
+                                expert_start=start, **shifted)
+    assert any(e.launches is not None for e in moe_cuda._reused.values())
+    fresh = moe_cuda._REUSE_MAX
+    try:
+        moe_cuda._REUSE_MAX = -1
+        want = [nvfp4_ops.moe(h, i, weights, *flash.args(), expert_start=s, **kw)
+                for h, i, s in cases]
+        want_shifted = nvfp4_ops.moe(hidden, ids.int() + start, weights, *flash.args(),
+                                     expert_start=start, **shifted)
+    finally:
+        moe_cuda._REUSE_MAX = fresh
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(got_shifted, want_shifted)
+    assert torch.equal(got[0], got[2]) and torch.equal(got_shifted, got[2])
 
 
 def test_eager_calls_of_large_size_allocate(flash):

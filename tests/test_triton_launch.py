@@ -48,6 +48,50 @@ def test_key_needs_every_parameter():
         launcher.key(0, (torch.zeros(4),), {})
 
 
+def test_bound_launch_reuses_the_kernel_only_for_the_same_key_parts(monkeypatch):
+    """A bound launch replaces its dynamic arguments and launches the compiled kernel
+    directly (unchanged tensors as their addresses) while the new values' key parts (and the
+    device) are those it was found for; anything else goes through the launcher with the
+    tensors themselves (which compiles or finds the right variant)."""
+    launcher = _launch.Launcher(_fake_kernel((False, False), (False, False), (False, False),
+                                             (False, True), (True, False)))
+    through, direct = [], []
+    device = [0]
+
+    def launch(grid, args, options):
+        through.append(list(args))
+        return "compiled"
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(_launch, "_run", lambda c, g, d, args: direct.append((c, d, args)))
+    monkeypatch.setattr(_launch, "_hooks_installed", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0])
+    buf = torch.zeros(64, dtype=torch.float32)
+    other = torch.zeros(64, dtype=torch.float32)
+    static = torch.zeros(8, dtype=torch.int32)
+    bound = _launch.Launch(launcher, (1, 1, 1), (buf, static, 32, 5, 128), {}).bind(0, 3)
+    bound(buf, 5)
+    assert through == [[buf, static, 32, 5, 128]] and not direct
+    bound(other, 7)  # same dtype, aligned, an unspecialised int of the same width
+    assert len(through) == 1
+    assert direct[-1] == ("compiled", 0, [other.data_ptr(), static.data_ptr(), 32, 7, 128])
+    for t, m in [(buf[1:], 5),  # unaligned
+                 (buf.view(torch.int32), 5),  # another dtype
+                 (buf, 2**40)]:  # a wider int
+        n = len(through)
+        bound(t, m)
+        assert len(through) == n + 1 and through[-1] == [t, static, 32, m, 128]
+    n = len(direct)
+    bound(buf, 2**40)  # the key of the last launch: direct again
+    assert len(direct) == n + 1
+    device[0] = 1
+    bound(buf, 2**40)
+    assert len(through) == 5 and len(direct) == n + 1
+    monkeypatch.setattr(_launch, "_hooks_installed", lambda: True)
+    bound(buf, 2**40)
+    assert len(through) == 6, "a launch hook must see every launch"
+
+
 def test_interpreter_kernels_launch_through_triton(monkeypatch):
     """Without Triton's parameter objects (the interpreter) every call goes to
     ``kernel[grid]``."""

@@ -422,3 +422,73 @@ def test_wrappers_take_the_direct_path_in_eager(monkeypatch, experts):
     monkeypatch.setattr(_eager, "direct", lambda *t: False)
     out = nvfp4_ops.linear(x, ex.w13[0], ex.w13_scale[0], ex.w13_global[0, 0])
     assert isinstance(out, torch.Tensor) and len(calls) == 3
+
+
+# --- the metadata checks' fast path ---------------------------------------------------------
+
+
+def _variants(t: torch.Tensor):
+    """Tensors that differ from ``t`` in one metadata property each: dtype, rank, one size,
+    contiguity, device."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
+                  torch.uint8, torch.int8, torch.float8_e4m3fn):
+        if dtype != t.dtype:
+            yield f"dtype {dtype}", torch.zeros(t.shape, dtype=dtype)
+    yield "one more dim", t.unsqueeze(0)
+    if t.dim():
+        yield "one dim less", t.reshape(-1) if t.dim() > 1 else t.reshape(-1)[0]
+        for d in range(t.dim()):
+            for size in (t.shape[d] + 1, t.shape[d] * 2, max(t.shape[d] - 1, 0)):
+                shape = list(t.shape)
+                shape[d] = size
+                yield f"dim {d} = {size}", torch.zeros(shape, dtype=t.dtype)
+        if t.dim() >= 2 and t.shape[-1] > 1 and t.shape[-2] > 1:
+            yield "not contiguous", t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        elif t.numel() > 1:
+            yield "not contiguous", torch.zeros(t.numel() * 2, dtype=t.dtype)[::2].view(t.shape)
+    yield "on meta", t.to("meta")
+
+
+def _fast_path_never_passes_what_the_checks_refuse(check, fast, name, args, monkeypatch):
+    """For every one-property variant of every argument: where ``fast`` (the fast path)
+    says the call is valid, ``check`` without the fast path must not raise."""
+    assert fast(*args), "the valid form does not take the fast path"
+    seen = 0
+    for i, t in enumerate(args):
+        if t is None:
+            continue
+        for what, variant in _variants(t):
+            mutated = (*args[:i], variant, *args[i + 1:])
+            if not fast(*mutated):
+                continue
+            seen += 1
+            with monkeypatch.context() as m:
+                m.setattr(_validate, name, lambda *a: False)
+                check(*mutated)  # raises if the fast path passed a call the checks refuse
+    return seen
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_moe_meta_fast_path_is_never_looser_than_the_checks(experts, per_row, monkeypatch):
+    hidden = torch.zeros(T, H, dtype=torch.bfloat16)
+    ids, weights = random_routing(T, E, K)
+    ex = experts.args()
+    if per_row:  # one global scale per row, as exact MXFP4 conversions have
+        ex = (ex[0], ex[1], torch.ones(E, 2 * INTER), ex[3], ex[4], torch.ones(E, H))
+    args = (hidden, ids, weights, *ex)
+    _fast_path_never_passes_what_the_checks_refuse(
+        _validate.check_moe_meta, _validate._moe_meta_ok, "_moe_meta_ok", args, monkeypatch)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_linear_meta_fast_path_is_never_looser_than_the_checks(bias, per_row, monkeypatch):
+    n, k = 48, 64
+    weight, scale, global_scale = random_nvfp4(n, k)
+    if per_row:
+        global_scale = torch.ones(n)
+    args = (torch.zeros(3, k, dtype=torch.bfloat16), weight, scale, global_scale,
+            torch.zeros(n, dtype=torch.bfloat16) if bias else None)
+    _fast_path_never_passes_what_the_checks_refuse(
+        _validate.check_linear_meta, _validate._linear_meta_ok, "_linear_meta_ok", args,
+        monkeypatch)

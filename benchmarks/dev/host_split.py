@@ -104,8 +104,12 @@ def install() -> None:
     # there too: once per compiled variant, negligible over --calls) and the others
     triton.runtime.jit.JITFunction.run = timed_method(triton.runtime.jit.JITFunction.run,
                                                       lambda f: f.fn.__name__)
-    _launch.Launcher.__call__ = timed_method(_launch.Launcher.__call__,
-                                             lambda launcher: launcher.kernel.fn.__name__)
+    _launch.Launcher.launch = timed_method(_launch.Launcher.launch,
+                                           lambda launcher: launcher.kernel.fn.__name__)
+    # repeated eager MoE calls launch through launches bound to their buffers
+    _launch.BoundLaunch.__call__ = timed_method(
+        _launch.BoundLaunch.__call__,
+        lambda bound: f"{bound._launch.launcher.kernel.fn.__name__} (bound)")
 
 
 def _host_us(fn, calls: int) -> float:

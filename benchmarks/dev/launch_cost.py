@@ -2,8 +2,8 @@
 eager op makes (a diagnostic, CUDA only): the data behind ``kernels/triton/_launch.py``.
 
 Times, for the MoE combine at decode size (T = 1, k = 6, H = 4096): the ``combine`` wrapper,
-``kernel[grid]`` (Triton's JIT path), ``_launch.Launcher`` (the path the op uses) and the
-compiled kernel's launcher called bare; then single torch calls (allocation, views, stream
+``kernel[grid]`` (Triton's JIT path), ``_launch.Launcher``, ``_launch.BoundLaunch`` (the
+path repeated eager calls take) and the compiled kernel's launcher called bare; then single torch calls (allocation, views, stream
 queries). Mean over ``--calls`` back-to-back calls, host time only.
 
     python benchmarks/dev/launch_cost.py [--calls 3000]
@@ -51,12 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     launcher(grid, *kernel_args, **options)
     torch.cuda.synchronize()
     assert torch.equal(out, want), "the launcher computed something else than the wrapper"
+    bound = _launch.Launch(launcher, grid, kernel_args, options).bind(
+        *moe_combine.COMBINE_DYNAMIC)
+    bound(out, 1.0)
     buf = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
     cases = {
         "combine() (the op's wrapper)": lambda: moe_combine.combine(
             y, slot_row, num_tokens, top_k, 1.0, pdl=True),
         "kernel[grid](...)": lambda: moe_combine._combine_kernel[grid](*kernel_args, **options),
         "_launch.Launcher": lambda: launcher(grid, *kernel_args, **options),
+        "_launch.BoundLaunch (2 new args)": lambda: bound(out, 1.0),
         "compiled.run (bare)": lambda: compiled.run(
             *grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
             *kernel_args),

@@ -64,7 +64,8 @@ Every buffer is allocated with torch on the current device (:func:`moe_buffers`:
 allocator, so the graph pool under capture), every launch goes to the current stream, every
 grid comes from ``(T, k, E, H, I)`` and the plan: no host synchronisation, so the whole op can
 be captured in a CUDA graph and replayed with new hidden states *and* new routing. Eager calls
-of a small size reuse their buffers (:func:`_call_buffers`).
+of a small size reuse their buffers (:func:`_call_buffers`) and the Triton launches bound to
+them (:class:`_EagerLaunches`): a repeat pays the launch key of its new inputs only.
 
 Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
 in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
@@ -89,8 +90,19 @@ from nvfp4_ops.kernels.linear_cuda import (
     per_row_global_view,
     run_gemm,
 )
-from nvfp4_ops.kernels.triton.moe_combine import combine
-from nvfp4_ops.kernels.triton.moe_routing import gather_rows, moe_routing, routing_buffers
+from nvfp4_ops.kernels.triton._launch import BoundLaunch
+from nvfp4_ops.kernels.triton.moe_combine import COMBINE_DYNAMIC, combine, combine_launch
+from nvfp4_ops.kernels.triton.moe_routing import (
+    FUSED_MAX_SLOTS,
+    GATHER_DYNAMIC,
+    ROUTING_DYNAMIC,
+    MoERouting,
+    gather_launch,
+    gather_rows,
+    moe_routing,
+    routing_buffers,
+    routing_launch,
+)
 
 __all__ = ["MoEBuffers", "moe_buffers", "moe_cuda", "moe_forward", "warmup_triton"]
 
@@ -125,13 +137,39 @@ def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts
 #: stream and sizes; :func:`_call_buffers`), keeping at most ``_REUSE_TOTAL`` bytes in all.
 _REUSE_MAX = 16 << 20
 _REUSE_TOTAL = 64 << 20
-_reused: OrderedDict[tuple, tuple[MoEBuffers, int]] = OrderedDict()
 
 
-def _call_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts: int,
-                  hidden_size: int, inter: int) -> MoEBuffers:
-    """The buffers of one call: reused between eager calls of the same sizes on one stream,
-    fresh otherwise.
+class _EagerLaunches(NamedTuple):
+    """The Triton launches of eager calls that reuse one set of buffers, bound to them
+    (:class:`~nvfp4_ops.kernels.triton._launch.BoundLaunch`): ``route(topk_ids,
+    expert_start)``, ``gather(hidden, topk_weights)``, ``combine(out, output_scale)``, and
+    the routing they write."""
+
+    routing: MoERouting
+    route: BoundLaunch
+    gather: BoundLaunch
+    combine: BoundLaunch
+
+
+class _Reused:
+    """One set of reused buffers, its size in bytes, and its bound launches (built by the
+    first call that uses them)."""
+
+    __slots__ = ("bufs", "nbytes", "launches")
+
+    def __init__(self, bufs: MoEBuffers, nbytes: int) -> None:
+        self.bufs, self.nbytes = bufs, nbytes
+        self.launches: _EagerLaunches | None = None
+
+
+_reused: OrderedDict[tuple, _Reused] = OrderedDict()
+
+
+def _call_buffers(device: torch.device, plan: MoEPlan, top_k: int, num_slots: int,
+                  num_experts: int, hidden_size: int, inter: int, pdl: bool
+                  ) -> tuple[MoEBuffers, _Reused | None]:
+    """The buffers of one call: reused between eager calls of the same sizes on one stream
+    (with the :class:`_Reused` entry that holds them), fresh otherwise (entry None).
 
     Why it is safe: calls on one stream run one after the other (the routing kernel, the
     first of a call, is launched without launch overlap, so it starts after the previous
@@ -139,26 +177,45 @@ def _call_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_exper
     a fresh output), and each call writes every element it reads. Not under CUDA-graph
     capture: a graph keeps its buffers (from the graph pool) for its replays, which may run
     while other work uses the stream's. Why: an eager decode call otherwise spends more host
-    time on the allocator and views (about a dozen torch calls) than its kernels run.
+    time on the allocator, views and launch arguments than its kernels run.
     """
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
+        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter), None
     nbytes = plan.num_rows * (4 * hidden_size + 2 * inter + 4)
     if nbytes > _REUSE_MAX:
-        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
+        return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter), None
     index = device.index
-    # the sizes the buffers depend on (not the plan itself: hashing it costs microseconds)
+    # the sizes the buffers and their launches depend on (not the plan itself: hashing it
+    # costs microseconds)
     key = (index, torch._C._cuda_getCurrentRawStream(index), plan.num_rows, plan.block_m,
-           num_slots, num_experts, hidden_size, inter, plan.hot is not None and plan.hot.routing)
+           num_slots, num_experts, hidden_size, inter, plan.hot is not None and plan.hot.routing,
+           top_k, plan.act_order, pdl)
     hit = _reused.get(key)
     if hit is not None:
         _reused.move_to_end(key)
-        return hit[0]
-    bufs = moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter)
-    _reused[key] = (bufs, nbytes)
-    while sum(n for _, n in _reused.values()) > _REUSE_TOTAL:
+        return hit.bufs, hit
+    entry = _reused[key] = _Reused(
+        moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter), nbytes)
+    while sum(e.nbytes for e in _reused.values()) > _REUSE_TOTAL:
         _reused.popitem(last=False)
-    return bufs
+    return entry.bufs, entry
+
+
+def _bind_launches(bufs: MoEBuffers, plan: MoEPlan, num_experts: int, hidden: torch.Tensor,
+                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, expert_start: int,
+                   out: torch.Tensor, output_scale: float, pdl: bool) -> _EagerLaunches:
+    """The Triton launches of a call into the reused ``bufs``, built from this call's
+    arguments and bound so that later calls replace only those (:class:`_EagerLaunches`)."""
+    hot = plan.hot.routing if plan.hot is not None else None
+    routing, route = routing_launch(topk_ids, num_experts, expert_start,
+                                    plan.block_m, pdl, bufs.routing, hot)
+    _, gather = gather_launch(hidden, topk_weights, routing, plan.act_order, pdl,
+                              (bufs.a, bufs.row_scale))
+    num_tokens, top_k = topk_ids.shape
+    combine = combine_launch(bufs.expert_out, routing.slot_row, out, num_tokens, top_k,
+                             output_scale, pdl)
+    return _EagerLaunches(routing, route.bind(*ROUTING_DYNAMIC), gather.bind(*GATHER_DYNAMIC),
+                          combine.bind(*COMBINE_DYNAMIC))
 
 
 def moe_forward(
@@ -194,13 +251,29 @@ def moe_forward(
     num_tokens, hidden_size = hidden.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    bufs = _call_buffers(hidden.device, plan, num_tokens * top_k, num_experts, hidden_size,
-                         inter)
+    num_slots = num_tokens * top_k
+    bufs, reused = _call_buffers(hidden.device, plan, top_k, num_slots, num_experts,
+                                 hidden_size, inter, pdl)
     hot = plan.hot
-    routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
-                          buffers=bufs.routing, hot=hot.routing if hot is not None else None)
-    a, row_scale = gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
-                               out=(bufs.a, bufs.row_scale))
+    launches = None
+    if reused is not None and num_slots <= FUSED_MAX_SLOTS:
+        # repeated eager calls: the launches bound to these buffers (_EagerLaunches)
+        launches = reused.launches
+        if launches is None:
+            out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16,
+                              device=hidden.device)
+            launches = reused.launches = _bind_launches(
+                bufs, plan, num_experts, hidden, topk_ids, topk_weights, expert_start, out,
+                output_scale, pdl)
+        routing = launches.routing
+        launches.route(topk_ids, expert_start)
+        launches.gather(hidden, topk_weights)
+    else:
+        routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
+                              buffers=bufs.routing, hot=hot.routing if hot is not None else None)
+        gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
+                    out=(bufs.a, bufs.row_scale))
+    a, row_scale = bufs.a, bufs.row_scale
     # views of the op's scales, no expansion kernel and no derived state to keep in sync
     w13_rows = gate_up_global_view(w13_global, inter)
     w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
@@ -209,7 +282,7 @@ def moe_forward(
     # the base tile beside it (module docstring, "Two token tiles"); check=False: the op
     # validated the arguments and every buffer here is built for the plan. With one tile the
     # base tiles cover the whole buffer: no views (each costs host time on an eager call).
-    act, out = bufs.act, bufs.expert_out
+    act, expert_out = bufs.act, bufs.expert_out
     if hot is None:
         tiles = [(plan.gate_up, plan.down, None, routing.tile_expert, routing.tile_rows)]
     else:
@@ -222,11 +295,14 @@ def moe_forward(
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
              swiglu_limit=swiglu_limit, check=False)
     for _, down, rows, tile_expert, tile_rows in tiles:
-        gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(out, rows),
+        gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=_rows(row_scale, rows),
              swiglu_limit=None, check=False)
-    return combine(bufs.expert_out, routing.slot_row, num_tokens, top_k, output_scale,
-                   pdl=pdl)
+    if launches is None:
+        return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
+    out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    launches.combine(out, float(output_scale))
+    return out
 
 
 def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:

@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from nvfp4_ops.kernels.triton import _pdl
-from nvfp4_ops.kernels.triton._launch import Launcher
+from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 
-__all__ = ["combine"]
+__all__ = ["COMBINE_DYNAMIC", "combine", "combine_launch"]
 
 
 @triton.jit
@@ -44,6 +44,23 @@ def _combine_kernel(y_ptr, slot_row_ptr, out_ptr, output_scale,
 _combine = Launcher(_combine_kernel)
 
 
+def combine_launch(y: torch.Tensor, slot_row: torch.Tensor, out: torch.Tensor,
+                   num_tokens: int, top_k: int, output_scale: float,
+                   pdl: bool = False) -> Launch:
+    """:func:`combine` into ``out bf16 [T, H]`` (``T >= 1``) as a launch not yet made; ``out``
+    and ``output_scale`` are arguments 2 and 3 of the launch (:data:`COMBINE_DYNAMIC`)."""
+    hidden_size = y.shape[1]
+    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    pdl = bool(pdl and y.is_cuda)
+    return Launch(_combine, (num_tokens, triton.cdiv(hidden_size, block_h), 1),
+                  (y, slot_row, out, float(output_scale), hidden_size, top_k, block_h, pdl),
+                  _pdl.launch_kwargs(pdl))
+
+
+#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`combine_launch` replaces
+COMBINE_DYNAMIC = (2, 3)
+
+
 def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int,
             output_scale: float, pdl: bool = False) -> torch.Tensor:
     """Sum each token's ``k`` expert rows (see module docstring).
@@ -58,12 +75,7 @@ def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int
     Returns:
         ``bf16 [T, H]``.
     """
-    hidden_size = y.shape[1]
-    out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=y.device)
-    if num_tokens == 0:
-        return out
-    block_h = min(1024, triton.next_power_of_2(hidden_size))
-    pdl = bool(pdl and y.is_cuda)
-    _combine((num_tokens, triton.cdiv(hidden_size, block_h), 1), y, slot_row, out,
-             float(output_scale), hidden_size, top_k, block_h, pdl, **_pdl.launch_kwargs(pdl))
+    out = torch.empty(num_tokens, y.shape[1], dtype=torch.bfloat16, device=y.device)
+    if num_tokens:
+        combine_launch(y, slot_row, out, num_tokens, top_k, output_scale, pdl)()
     return out

@@ -72,13 +72,17 @@ import triton.language as tl
 
 from nvfp4_ops.kernels.kperm import NATURAL, layout_block
 from nvfp4_ops.kernels.triton import _pdl
-from nvfp4_ops.kernels.triton._launch import Launcher
+from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 
 __all__ = [
+    "GATHER_DYNAMIC",
+    "ROUTING_DYNAMIC",
     "MoERouting",
+    "gather_launch",
     "gather_rows",
     "moe_routing",
     "padded_rows",
+    "routing_launch",
 ]
 
 _COUNT_BLOCK = 1024
@@ -391,6 +395,55 @@ _fused_routing = Launcher(_fused_routing_kernel)
 _gather = Launcher(_gather_kernel)
 
 
+def _layout(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+            buffers: tuple[torch.Tensor, ...] | None, hot: HotClass | None,
+            fused: bool) -> tuple[MoERouting, tuple[torch.Tensor, ...], tuple]:
+    """The routing a call will write (its buffers, allocated when ``buffers`` is None), the
+    buffers, and the scan's hot-class arguments ``(min_rows, cost, base_cost, hot_row0,
+    hot tiles)``."""
+    num_slots = topk_ids.numel()
+    if buffers is None:
+        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m, hot,
+                                  fused)
+    expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, _, hot_expert, hot_rows = (
+        buffers)
+    # the sizes routing_buffers chose (padded_rows, hot_region_rows), read off its buffers
+    num_rows = sorted_slots.shape[0]
+    hot_row0 = num_rows - (hot_expert.shape[0] * hot.block_m if hot is not None else 0)
+    if hot is None:  # no expert qualifies (min_rows above every count); one tile's variant
+        hot_args = (num_slots + 1, 0, 0, num_rows, 0)
+    else:
+        hot_args = (hot.min_rows, hot.cost, hot.base_cost, hot_row0, hot_expert.shape[0])
+    result = MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
+                        tile_rows, hot_expert, hot_rows, 0 if hot is None else hot.block_m,
+                        hot_row0)
+    return result, buffers, hot_args
+
+
+def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
+                   block_m: int, pdl: bool = False,
+                   buffers: tuple[torch.Tensor, ...] | None = None,
+                   hot: HotClass | None = None) -> tuple[MoERouting, Launch]:
+    """The one-CTA routing (``N <= FUSED_MAX_SLOTS``) as a launch not yet made, and the
+    routing it writes; arguments as :func:`moe_routing`. ``topk_ids`` is argument 0 of the
+    launch and ``expert_start`` argument 10 (what a :class:`~._launch.BoundLaunch` of it
+    replaces per call)."""
+    result, buffers, hot_args = _layout(topk_ids, num_experts, block_m, buffers, hot, True)
+    (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
+     hot_rows) = buffers
+    pdl = bool(pdl and topk_ids.is_cuda)
+    # topk_ids is contiguous: the kernel indexes its T*k ids flat
+    args = (topk_ids, scratch, expert_offsets, tile_expert, tile_rows, hot_expert, hot_rows,
+            sorted_slots, slot_row, topk_ids.numel(), expert_start, num_experts,
+            sorted_slots.shape[0], tile_expert.shape[0], *hot_args, _e_pad(num_experts),
+            block_m, block_m if hot is None else hot.block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl)
+    return result, Launch(_fused_routing, (1, 1, 1), args, {"num_warps": 8})
+
+
+#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`routing_launch` replaces
+ROUTING_DYNAMIC = (0, 10)
+
+
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                 block_m: int, pdl: bool = False,
                 buffers: tuple[torch.Tensor, ...] | None = None,
@@ -417,46 +470,65 @@ def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
         :class:`MoERouting` on ``topk_ids.device``; no host synchronisation.
     """
     num_slots = topk_ids.numel()
-    e_pad = _e_pad(num_experts)
     if fused is None:
         fused = num_slots <= FUSED_MAX_SLOTS
-    if buffers is None:
-        buffers = routing_buffers(topk_ids.device, num_slots, num_experts, block_m, hot,
-                                  fused)
-    (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
-     hot_rows) = buffers
-    # the sizes routing_buffers chose (padded_rows, hot_region_rows), read off its buffers
-    num_rows, num_tiles = sorted_slots.shape[0], tile_expert.shape[0]
-    hot_row0 = num_rows - (hot_expert.shape[0] * hot.block_m if hot is not None else 0)
-    if hot is None:  # no expert qualifies (min_rows above every count); one tile's variant
-        hot_block_m, hot_args = block_m, (num_slots + 1, 0, 0, num_rows, 0)
-    else:
-        hot_block_m = hot.block_m
-        hot_args = (hot.min_rows, hot.cost, hot.base_cost, hot_row0,
-                    hot_expert.shape[0])
-    result = MoERouting(sorted_slots, expert_offsets, tile_expert, slot_row, block_m,
-                        tile_rows, hot_expert, hot_rows, 0 if hot is None else hot.block_m,
-                        hot_row0)
-    # topk_ids is contiguous: the kernels index its T*k ids flat
     if fused:
-        pdl = bool(pdl and topk_ids.is_cuda)
-        _fused_routing((1, 1, 1), topk_ids, scratch, expert_offsets, tile_expert, tile_rows,
-                       hot_expert, hot_rows, sorted_slots, slot_row, num_slots, expert_start,
-                       num_experts, num_rows, num_tiles, *hot_args, e_pad, block_m,
-                       hot_block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl, num_warps=8)
+        result, launch = routing_launch(topk_ids, num_experts, expert_start, block_m, pdl,
+                                        buffers, hot)
+        launch()
         return result
+    result, buffers, hot_args = _layout(topk_ids, num_experts, block_m, buffers, hot, False)
+    (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, cursor, hot_expert,
+     hot_rows) = buffers
     counts = torch.zeros(num_experts, dtype=torch.int32, device=topk_ids.device)
-    cursor = scratch
     slot_grid = (max(1, triton.cdiv(num_slots, _COUNT_BLOCK)),)
     _count_kernel[slot_grid](topk_ids, counts, num_slots, expert_start, num_experts,
                              BLOCK=_COUNT_BLOCK)
     _scan_kernel[(1,)](counts, cursor, expert_offsets, tile_expert, tile_rows, hot_expert,
-                       hot_rows, sorted_slots, num_slots, num_rows, num_tiles, num_experts,
-                       *hot_args, E_PAD=e_pad, BLOCK_M=block_m, BLOCK_M_HOT=hot_block_m,
+                       hot_rows, sorted_slots, num_slots, sorted_slots.shape[0],
+                       tile_expert.shape[0], num_experts, *hot_args, E_PAD=_e_pad(num_experts),
+                       BLOCK_M=block_m, BLOCK_M_HOT=block_m if hot is None else hot.block_m,
                        FILL_BLOCK=_FILL_BLOCK, num_warps=8)
     _place_kernel[slot_grid](topk_ids, cursor, sorted_slots, slot_row, num_slots, expert_start,
                              num_experts, BLOCK=_COUNT_BLOCK)
     return result
+
+
+def gather_launch(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
+                  layout: str = NATURAL, pdl: bool = False,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], Launch]:
+    """:func:`gather_rows` as a launch not yet made, and the ``(a, row_scale)`` it writes;
+    arguments as :func:`gather_rows`. ``hidden`` and ``topk_weights`` are arguments 0 and 1
+    of the launch (:data:`GATHER_DYNAMIC`)."""
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_weights.shape[1]
+    block = layout_block(layout)
+    if hidden_size % block:
+        raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")
+    num_rows = routing.sorted_slots.shape[0]
+    block_m = routing.block_m
+    if out is None:
+        a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
+        row_scale = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
+    else:
+        a, row_scale = out
+    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    # Keep the register tile around 8K elements whatever block_m is.
+    block_h = max(64, min(block_h, 8192 // block_m))
+    pdl = bool(pdl and hidden.is_cuda)
+    hot_ratio = routing.hot_block_m // block_m
+    grid = (num_rows // block_m, triton.cdiv(hidden_size, block_h), 1)
+    args = (hidden, topk_weights, routing.sorted_slots, routing.tile_expert,
+            routing.hot_tile_expert if hot_ratio else routing.tile_expert, a, row_scale,
+            num_tokens * top_k, routing.tile_expert.shape[0], routing.hot_row0 // block_m,
+            hidden_size, top_k, block_m, block_h, block // 4 if block > 1 else 0, hot_ratio,
+            pdl)
+    return (a, row_scale), Launch(_gather, grid, args, _pdl.launch_kwargs(pdl))
+
+
+#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`gather_launch` replaces
+GATHER_DYNAMIC = (0, 1)
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
@@ -483,27 +555,6 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
     Raises:
         ValueError: an unknown layout, or ``H`` not a multiple of its block.
     """
-    num_tokens, hidden_size = hidden.shape
-    top_k = topk_weights.shape[1]
-    block = layout_block(layout)
-    if hidden_size % block:
-        raise ValueError(f"the {layout!r} layout needs H % {block} == 0, got H={hidden_size}")
-    num_rows = routing.sorted_slots.shape[0]
-    block_m = routing.block_m
-    if out is None:
-        a = torch.empty(num_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
-        row_scale = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
-    else:
-        a, row_scale = out
-    block_h = min(1024, triton.next_power_of_2(hidden_size))
-    # Keep the register tile around 8K elements whatever block_m is.
-    block_h = max(64, min(block_h, 8192 // block_m))
-    pdl = bool(pdl and hidden.is_cuda)
-    hot_ratio = routing.hot_block_m // block_m
-    _gather((num_rows // block_m, triton.cdiv(hidden_size, block_h), 1), hidden, topk_weights,
-            routing.sorted_slots, routing.tile_expert,
-            routing.hot_tile_expert if hot_ratio else routing.tile_expert, a, row_scale,
-            num_tokens * top_k, routing.tile_expert.shape[0], routing.hot_row0 // block_m,
-            hidden_size, top_k, block_m, block_h,
-            block // 4 if block > 1 else 0, hot_ratio, pdl, **_pdl.launch_kwargs(pdl))
-    return a, row_scale
+    written, launch = gather_launch(hidden, topk_weights, routing, layout, pdl, out)
+    launch()
+    return written
