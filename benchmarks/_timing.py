@@ -22,10 +22,15 @@ The method (device time only, no Python launch overhead in the numbers):
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+_REPO = Path(__file__).resolve().parents[1]
 
 __all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_chained",
            "time_one_call"]
@@ -117,3 +122,19 @@ def time_chained(fn: Callable[[], object], calls: int, iters: int,
     return _graph_median_us(fn, calls, iters, flush, warmup)
 
 
+def git_commit() -> str:
+    """``NVFP4_OPS_COMMIT`` when set (the GPU machine gets a copy of the tree whose ``.git``,
+    if any, is not the tree's), else HEAD (``+dirty`` with local changes), else "unknown"."""
+    if os.environ.get("NVFP4_OPS_COMMIT"):
+        return os.environ["NVFP4_OPS_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", str(_REPO), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(_REPO), "status", "--porcelain",
+                                    "--untracked-files=no"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+            return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"

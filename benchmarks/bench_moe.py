@@ -82,7 +82,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -91,7 +90,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _timing import l2_flush, time_chained, time_one_call
+from _timing import git_commit, l2_flush, time_chained, time_one_call
 
 import nvfp4_ops
 from nvfp4_ops.shapes import MoEShape, get_shape
@@ -290,24 +289,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[dist] = "not installed"
     return out
-
-
-def git_commit() -> str:
-    """``NVFP4_OPS_COMMIT`` when set (the GPU machine gets a copy of the tree whose ``.git``,
-    if any, is not the tree's), else HEAD (``+dirty`` with local changes), else "unknown"."""
-    if os.environ.get("NVFP4_OPS_COMMIT"):
-        return os.environ["NVFP4_OPS_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
-                                    "--untracked-files=no"], capture_output=True, text=True,
-                                   timeout=10).stdout.strip()
-            return head.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
 
 
 def run_meta(args: argparse.Namespace, fake: bool) -> dict:

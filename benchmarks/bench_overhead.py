@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import capture, replay_median_us  # noqa: E402
+from _timing import capture, git_commit, replay_median_us  # noqa: E402
 
 
 def _events_median_us(fn, reps: int) -> float:
@@ -221,12 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
-    try:
-        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                          capture_output=True, text=True,
-                                          cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        pass
+    result["commit"] = git_commit()
     if "startup" in args.modes:  # first: a fresh process each, before this one warms anything
         result["startup"] = run_startup(args.jobs)
     if "eager" in args.modes:

@@ -3,8 +3,9 @@ eager op makes (a diagnostic, CUDA only): the data behind ``kernels/triton/_laun
 
 Times, for the MoE combine at decode size (T = 1, k = 6, H = 4096): the ``combine`` wrapper,
 ``kernel[grid]`` (Triton's JIT path), ``_launch.Launcher``, ``_launch.BoundLaunch`` (the
-path repeated eager calls take) and the compiled kernel's launcher called bare; then single torch calls (allocation, views, stream
-queries). Mean over ``--calls`` back-to-back calls, host time only.
+path repeated eager calls take) and the compiled kernel's launcher called bare; then single
+torch calls (allocation, views, stream queries). Mean over ``--calls`` back-to-back calls,
+host time only.
 
     python benchmarks/dev/launch_cost.py [--calls 3000]
 """
