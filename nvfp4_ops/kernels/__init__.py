@@ -39,13 +39,19 @@ def cuda_kernel(op: str) -> Callable | None:
     forced). Imported on first use: loading it imports CuTeDSL and Triton."""
     if forced_reference() or op not in CUDA_OPS:
         return None
-    if op == "moe":
-        from nvfp4_ops.kernels.moe_cuda import moe_cuda
+    impl = _impls.get(op)
+    if impl is None:  # once per op: an import statement per eager call costs microseconds
+        if op == "moe":
+            from nvfp4_ops.kernels.moe_cuda import moe_cuda as impl
+        else:
+            from nvfp4_ops.kernels import linear_cuda
 
-        return moe_cuda
-    from nvfp4_ops.kernels import linear_cuda
+            impl = linear_cuda.linear if op == "linear" else linear_cuda.mlp
+        _impls[op] = impl
+    return impl
 
-    return linear_cuda.linear if op == "linear" else linear_cuda.mlp
+
+_impls: dict[str, Callable] = {}
 
 
 def describe(op: str, device: torch.device | str) -> str:
