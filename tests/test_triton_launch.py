@@ -92,6 +92,20 @@ def test_bound_launch_reuses_the_kernel_only_for_the_same_key_parts(monkeypatch)
     assert len(through) == 6, "a launch hook must see every launch"
 
 
+def test_bound_launch_keeps_no_reference_to_the_values_it_was_built_with():
+    import gc
+    import weakref
+
+    launcher = _launch.Launcher(_fake_kernel((False, False), (False, False)))
+    first, static = torch.zeros(4), torch.zeros(4)
+    seen = weakref.ref(first)
+    bound = _launch.Launch(launcher, (1, 1, 1), (first, static), {}).bind(0)
+    del first
+    gc.collect()
+    assert seen() is None, "the bound launch kept the caller's input alive"
+    assert bound._args[1] is static
+
+
 def test_interpreter_kernels_launch_through_triton(monkeypatch):
     """Without Triton's parameter objects (the interpreter) every call goes to
     ``kernel[grid]``."""

@@ -258,10 +258,9 @@ def moe_forward(
     launches = None
     if reused is not None and num_slots <= FUSED_MAX_SLOTS:
         # repeated eager calls: the launches bound to these buffers (_EagerLaunches)
+        out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
         launches = reused.launches
         if launches is None:
-            out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16,
-                              device=hidden.device)
             launches = reused.launches = _bind_launches(
                 bufs, plan, num_experts, hidden, topk_ids, topk_weights, expert_start, out,
                 output_scale, pdl)
@@ -300,7 +299,6 @@ def moe_forward(
              swiglu_limit=None, check=False)
     if launches is None:
         return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
-    out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
     launches.combine(out, float(output_scale))
     return out
 

@@ -167,15 +167,16 @@ class BoundLaunch:
     otherwise). Anything else (another dtype, an unaligned pointer, an int of another width,
     launch hooks) goes through the launcher again, so the result is always ``kernel[grid]``'s.
 
-    The unchanged tensors stay referenced by ``launch``: their memory cannot be freed while
-    the bound launch exists.
+    The unchanged tensors stay referenced by the bound launch: their memory cannot be freed
+    while it exists.
     """
 
     def __init__(self, launch: Launch, dynamic: tuple[int, ...]) -> None:
-        self._launch = launch
+        # keep no reference to the values the launch was built with (a caller's inputs)
+        self._launch = launch._replace(args=())
         self._dynamic = dynamic
         self._args = list(launch.args)
-        for i in dynamic:  # keep no reference to the values the launch was built with
+        for i in dynamic:
             self._args[i] = None
         # the direct launch's arguments: the unchanged tensors as their addresses
         self._raw = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._args]
