@@ -17,7 +17,8 @@ def _fake_kernel(*params):
     """A stand-in with Triton's parameter flags: ``params`` are ``(is_constexpr,
     do_not_specialize)`` pairs."""
     return SimpleNamespace(params=[SimpleNamespace(is_constexpr=c, do_not_specialize=d)
-                                   for c, d in params])
+                                   for c, d in params],
+                           arg_names=[f"a{i}" for i in range(len(params))])
 
 
 def test_key_separates_what_triton_specialises():
@@ -69,7 +70,7 @@ def test_bound_launch_reuses_the_kernel_only_for_the_same_key_parts(monkeypatch)
     buf = torch.zeros(64, dtype=torch.float32)
     other = torch.zeros(64, dtype=torch.float32)
     static = torch.zeros(8, dtype=torch.int32)
-    bound = _launch.Launch(launcher, (1, 1, 1), (buf, static, 32, 5, 128), {}).bind(0, 3)
+    bound = _launch.Launch(launcher, (1, 1, 1), (buf, static, 32, 5, 128), {}).bind("a0", "a3")
     bound(buf, 5)
     assert through == [[buf, static, 32, 5, 128]] and not direct
     bound(other, 7)  # same dtype, aligned, an unspecialised int of the same width
@@ -99,11 +100,26 @@ def test_bound_launch_keeps_no_reference_to_the_values_it_was_built_with():
     launcher = _launch.Launcher(_fake_kernel((False, False), (False, False)))
     first, static = torch.zeros(4), torch.zeros(4)
     seen = weakref.ref(first)
-    bound = _launch.Launch(launcher, (1, 1, 1), (first, static), {}).bind(0)
+    bound = _launch.Launch(launcher, (1, 1, 1), (first, static), {}).bind("a0")
     del first
     gc.collect()
     assert seen() is None, "the bound launch kept the caller's input alive"
     assert bound._args[1] is static
+
+
+def test_bind_takes_kernel_parameter_names():
+    """The MoE binds its per-call values by parameter name; the names resolve to the
+    positions the kernels take them at, and a wrong name is refused."""
+    from nvfp4_ops.kernels.triton import moe_routing
+
+    cases = [(moe_routing._fused_routing, ("topk_ids_ptr", "expert_start"), (0, 10)),
+             (moe_routing._gather, ("hidden_ptr", "topk_weights_ptr"), (0, 1)),
+             (moe_combine._combine, ("out_ptr", "output_scale"), (2, 3))]
+    for launcher, names, positions in cases:
+        args = tuple(range(len(launcher.kernel.arg_names)))
+        assert _launch.Launch(launcher, (1, 1, 1), args, {}).bind(*names)._dynamic == positions
+    with pytest.raises(ValueError, match="not a parameter"):
+        _launch.Launch(moe_combine._combine, (1, 1, 1), (), {}).bind("y")
 
 
 def test_interpreter_kernels_launch_through_triton(monkeypatch):

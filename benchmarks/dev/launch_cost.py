@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     launcher(grid, *kernel_args, **options)
     torch.cuda.synchronize()
     assert torch.equal(out, want), "the launcher computed something else than the wrapper"
-    bound = _launch.Launch(launcher, grid, kernel_args, options).bind(
-        *moe_combine.COMBINE_DYNAMIC)
+    bound = _launch.Launch(launcher, grid, kernel_args, options).bind("out_ptr",
+                                                                      "output_scale")
     bound(out, 1.0)
     buf = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
     cases = {

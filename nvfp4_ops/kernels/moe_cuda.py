@@ -91,11 +91,9 @@ from nvfp4_ops.kernels.linear_cuda import (
     run_gemm,
 )
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
-from nvfp4_ops.kernels.triton.moe_combine import COMBINE_DYNAMIC, combine, combine_launch
+from nvfp4_ops.kernels.triton.moe_combine import combine, combine_launch
 from nvfp4_ops.kernels.triton.moe_routing import (
     FUSED_MAX_SLOTS,
-    GATHER_DYNAMIC,
-    ROUTING_DYNAMIC,
     MoERouting,
     gather_launch,
     gather_rows,
@@ -214,8 +212,10 @@ def _bind_launches(bufs: MoEBuffers, plan: MoEPlan, num_experts: int, hidden: to
     num_tokens, top_k = topk_ids.shape
     combine = combine_launch(bufs.expert_out, routing.slot_row, out, num_tokens, top_k,
                              output_scale, pdl)
-    return _EagerLaunches(routing, route.bind(*ROUTING_DYNAMIC), gather.bind(*GATHER_DYNAMIC),
-                          combine.bind(*COMBINE_DYNAMIC))
+    # the per-call values, in the order _EagerLaunches documents
+    return _EagerLaunches(routing, route.bind("topk_ids_ptr", "expert_start"),
+                          gather.bind("hidden_ptr", "topk_weights_ptr"),
+                          combine.bind("out_ptr", "output_scale"))
 
 
 def moe_forward(

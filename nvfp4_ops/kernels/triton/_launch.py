@@ -146,15 +146,24 @@ class Launch(NamedTuple):
     def __call__(self) -> None:
         self.launcher.launch(self.grid, self.args, self.options)
 
-    def bind(self, *dynamic: int) -> BoundLaunch:
-        """This launch, to repeat with new values of the arguments at positions
-        ``dynamic`` (:class:`BoundLaunch`)."""
-        return BoundLaunch(self, dynamic)
+    def bind(self, *names: str) -> BoundLaunch:
+        """This launch, to repeat with new values of the kernel parameters ``names``
+        (:class:`BoundLaunch`).
+
+        Raises:
+            ValueError: a name that is not a parameter of the kernel.
+        """
+        params = list(self.launcher.kernel.arg_names)
+        for name in names:
+            if name not in params:
+                raise ValueError(f"{name!r} is not a parameter of the kernel; it has {params}")
+        return BoundLaunch(self, tuple(params.index(name) for name in names))
 
 
 class BoundLaunch:
-    """A :class:`Launch` repeated with new values at some argument positions:
-    ``bound(*values)`` launches ``launch.args`` with ``values`` at the positions ``dynamic``.
+    """A :class:`Launch` repeated with new values at some argument positions (made by
+    :meth:`Launch.bind`): ``bound(*values)`` launches ``launch.args`` with ``values`` at the
+    positions ``dynamic``.
 
     Why: a caller that repeats one launch with mostly the same arguments (an eager decode
     call of the MoE, whose buffers and sizes are those of the previous call) need not pay

@@ -18,7 +18,7 @@ import triton.language as tl
 from nvfp4_ops.kernels.triton import _pdl
 from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 
-__all__ = ["COMBINE_DYNAMIC", "combine", "combine_launch"]
+__all__ = ["combine", "combine_launch"]
 
 
 @triton.jit
@@ -47,18 +47,14 @@ _combine = Launcher(_combine_kernel)
 def combine_launch(y: torch.Tensor, slot_row: torch.Tensor, out: torch.Tensor,
                    num_tokens: int, top_k: int, output_scale: float,
                    pdl: bool = False) -> Launch:
-    """:func:`combine` into ``out bf16 [T, H]`` (``T >= 1``) as a launch not yet made; ``out``
-    and ``output_scale`` are arguments 2 and 3 of the launch (:data:`COMBINE_DYNAMIC`)."""
+    """:func:`combine` into ``out bf16 [T, H]`` (``T >= 1``) as a launch not yet made (the
+    kernel takes ``out`` as ``out_ptr``)."""
     hidden_size = y.shape[1]
     block_h = min(1024, triton.next_power_of_2(hidden_size))
     pdl = bool(pdl and y.is_cuda)
     return Launch(_combine, (num_tokens, triton.cdiv(hidden_size, block_h), 1),
                   (y, slot_row, out, float(output_scale), hidden_size, top_k, block_h, pdl),
                   _pdl.launch_kwargs(pdl))
-
-
-#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`combine_launch` replaces
-COMBINE_DYNAMIC = (2, 3)
 
 
 def combine(y: torch.Tensor, slot_row: torch.Tensor, num_tokens: int, top_k: int,

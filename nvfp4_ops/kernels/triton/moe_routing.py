@@ -75,8 +75,6 @@ from nvfp4_ops.kernels.triton import _pdl
 from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 
 __all__ = [
-    "GATHER_DYNAMIC",
-    "ROUTING_DYNAMIC",
     "MoERouting",
     "gather_launch",
     "gather_rows",
@@ -425,9 +423,9 @@ def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                    buffers: tuple[torch.Tensor, ...] | None = None,
                    hot: HotClass | None = None) -> tuple[MoERouting, Launch]:
     """The one-CTA routing (``N <= FUSED_MAX_SLOTS``) as a launch not yet made, and the
-    routing it writes; arguments as :func:`moe_routing`. ``topk_ids`` is argument 0 of the
-    launch and ``expert_start`` argument 10 (what a :class:`~._launch.BoundLaunch` of it
-    replaces per call)."""
+    routing it writes; arguments as :func:`moe_routing`. The kernel takes ``topk_ids`` as
+    ``topk_ids_ptr`` (what a :class:`~._launch.BoundLaunch` of it replaces per call, with
+    ``expert_start``)."""
     result, buffers, hot_args = _layout(topk_ids, num_experts, block_m, buffers, hot, True)
     (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
      hot_rows) = buffers
@@ -438,10 +436,6 @@ def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
             sorted_slots.shape[0], tile_expert.shape[0], *hot_args, _e_pad(num_experts),
             block_m, block_m if hot is None else hot.block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl)
     return result, Launch(_fused_routing, (1, 1, 1), args, {"num_warps": 8})
-
-
-#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`routing_launch` replaces
-ROUTING_DYNAMIC = (0, 10)
 
 
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
@@ -499,8 +493,8 @@ def gather_launch(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoE
                   out: tuple[torch.Tensor, torch.Tensor] | None = None,
                   ) -> tuple[tuple[torch.Tensor, torch.Tensor], Launch]:
     """:func:`gather_rows` as a launch not yet made, and the ``(a, row_scale)`` it writes;
-    arguments as :func:`gather_rows`. ``hidden`` and ``topk_weights`` are arguments 0 and 1
-    of the launch (:data:`GATHER_DYNAMIC`)."""
+    arguments as :func:`gather_rows`. The kernel takes ``hidden`` and ``topk_weights`` as
+    ``hidden_ptr`` and ``topk_weights_ptr``."""
     num_tokens, hidden_size = hidden.shape
     top_k = topk_weights.shape[1]
     block = layout_block(layout)
@@ -525,10 +519,6 @@ def gather_launch(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoE
             hidden_size, top_k, block_m, block_h, block // 4 if block > 1 else 0, hot_ratio,
             pdl)
     return (a, row_scale), Launch(_gather, grid, args, _pdl.launch_kwargs(pdl))
-
-
-#: the argument positions a :class:`~._launch.BoundLaunch` of :func:`gather_launch` replaces
-GATHER_DYNAMIC = (0, 1)
 
 
 def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERouting,
