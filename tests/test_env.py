@@ -53,6 +53,26 @@ def test_read_at_use_not_at_import(monkeypatch):
     assert not _env.flag(NAME, False)
 
 
+def test_lookup_sees_every_way_of_setting_a_variable(monkeypatch):
+    """The fast lookup reads what ``os.environ`` holds, however it was written."""
+    import os
+    from unittest import mock
+
+    monkeypatch.delenv(NAME, raising=False)
+    assert _env._lookup(NAME) is None
+    os.environ[NAME] = "on"
+    try:
+        assert _env._lookup(NAME) == "on" and _env.flag(NAME, False) is True
+    finally:
+        del os.environ[NAME]
+    assert _env._lookup(NAME) is None
+    with mock.patch.dict(os.environ, {NAME: "  Off"}):
+        assert _env._lookup(NAME) == os.environ.get(NAME) == "  Off"
+    assert _env._lookup(NAME) is None
+    monkeypatch.setenv(NAME, "caf\u00e9")
+    assert _env._lookup(NAME) == "caf\u00e9"
+
+
 def test_choice(monkeypatch):
     choices = ("reuse", "per-call")
     monkeypatch.delenv(NAME, raising=False)

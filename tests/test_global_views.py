@@ -201,6 +201,74 @@ def test_moe_passes_views():
     assert torch.equal(v2.reshape(experts, hidden), g2[:, None].expand(experts, hidden))
 
 
+# --- views reused between eager calls (memo_views) -------------------------------------------
+
+
+def test_linear_reuses_its_views_for_the_same_weights(recorded):
+    n, k = 256, 256
+    w, s = _nvfp4(n, k)
+    scale = _positive()
+    x = torch.randn(2, k).to(torch.bfloat16)
+    linear_cuda.linear(x, w, s, scale, None)
+    linear_cuda.linear(x, w, s, scale, None)
+    (_, first), (_, second) = recorded
+    assert second is first  # the same view object: nothing rebuilt
+
+
+def test_views_follow_a_swapped_storage(recorded):
+    """``.data = ...`` (what vLLM's loaders and weight reloads do) keeps the tensor object
+    but changes what its views must see: the next call builds new ones."""
+    n, k = 256, 256
+    w, s = _nvfp4(n, k)
+    scale = _positive(n)
+    x = torch.randn(1, k).to(torch.bfloat16)
+    linear_cuda.linear(x, w, s, scale, None)
+    scale.data = _positive(n)  # new storage, same object
+    linear_cuda.linear(x, w, s, scale, None)
+    (_, before), (_, after) = recorded
+    assert after is not before and _shares_storage(after, scale)
+    assert torch.equal(after.reshape(n), scale)
+
+
+def test_views_follow_an_in_place_write(recorded):
+    """An in-place write keeps the storage: the same views read the new values."""
+    n, k = 256, 256
+    w, s = _nvfp4(n, k)
+    scale = _positive(n)
+    x = torch.randn(1, k).to(torch.bfloat16)
+    linear_cuda.linear(x, w, s, scale, None)
+    scale.copy_(_positive(n))
+    linear_cuda.linear(x, w, s, scale, None)
+    (_, before), (_, after) = recorded
+    assert after is before and torch.equal(after.reshape(n), scale)
+
+
+def test_views_are_keyed_by_shape_too():
+    """A tensor reshaped in place to the same address misses the memo."""
+    t = torch.zeros(4, 8)
+    first = linear_cuda.memo_views("test-shape", (t,), lambda: (t.view(-1),))
+    t.data = t.data.view(8, 4)  # same address, another shape
+    second = linear_cuda.memo_views("test-shape", (t,), lambda: (t.view(-1), "rebuilt"))
+    assert len(first) == 1 and second[1] == "rebuilt"
+
+
+def test_views_go_with_their_tensors():
+    """The memo keeps no weight alive: once a weight is dropped, its entry (and the views
+    holding its storage) goes."""
+    import gc
+    import weakref
+
+    t = torch.zeros(1024)
+    storage = weakref.ref(t.untyped_storage())
+    linear_cuda.memo_views("test-drop", (t,), lambda t=t: (t.view(32, 32),))
+    key = ("test-drop", id(t))
+    assert key in linear_cuda._views
+    del t
+    gc.collect()
+    assert key not in linear_cuda._views
+    assert storage() is None
+
+
 # --- run_gemm's argument check ----------------------------------------------------------------
 
 

@@ -16,6 +16,8 @@ no per-call expansion kernel, no cache of expanded rows.
 from __future__ import annotations
 
 import functools
+import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -31,7 +33,10 @@ __all__ = [
     "compile_function",
     "compiled",
     "gate_up_global_view",
+    "kernel_weight",
+    "launch",
     "linear",
+    "memo_views",
     "mlp",
     "per_group_global_view",
     "per_row_global_view",
@@ -211,6 +216,75 @@ def _capture_id(stream: int) -> int | None:
     return int(capture)
 
 
+# ---------------------------------------------------------------------------- argument views
+
+
+#: (kind, id of each argument) -> (weak references to the arguments, their signature, the
+#: views built from them): :func:`memo_views`
+_views: dict[tuple, tuple] = {}
+_VIEWS_MAX = 4096
+
+
+def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
+               build: Callable[[], tuple]) -> tuple:
+    """``build()`` (views of the weight arguments ``tensors``: 3-D weights, scale bytes as
+    uint8, the kernels' global-scale views), reused while the same tensor objects come back
+    with the same address and shape.
+
+    Why: each view costs ~1-2 µs of host time on every eager call (``unsqueeze``, ``view``,
+    ``expand``), and a layer's weights are the same objects call after call. An entry holds
+    weak references: it goes when one of its tensors does; a tensor whose storage was swapped
+    (``.data = ...``, ``set_``) or resized misses the signature (address, shape) and gets
+    new views. Views of a contiguous tensor depend on nothing else: the op checked dtypes,
+    device and contiguity before asking, and a dtype reinterpretation of the same bytes
+    (float8 / uint8 scales) changes no view.
+    """
+    # no identity check needed: an entry goes the moment one of its tensors dies (the weak
+    # references' callbacks run at deallocation), so a later object with a recycled id never
+    # finds it; and the views hold their storage, so no other tensor has their address
+    key = (kind, *map(id, tensors))
+    sig = [(t.data_ptr(), t.shape) for t in tensors]
+    hit = _views.get(key)
+    if hit is not None and hit[1] == sig:
+        return hit[2]
+    views = tuple(_unbased(v) for v in build())
+    if len(_views) >= _VIEWS_MAX:
+        _views.clear()
+    forget = functools.partial(_forget, _views, key)  # no module globals: runs at exit too
+    refs = tuple(weakref.ref(t, forget) for t in tensors)
+    _views[key] = (refs, sig, views)
+    return views
+
+
+def _unbased(v):
+    """The tensor ``v`` as a tensor over the same storage with no view base: a view keeps its
+    base's Python object alive (torch preserves it while the C++ tensor is referenced), which
+    would keep the memo's weak references from ever dying; this one keeps only the storage."""
+    if not isinstance(v, torch.Tensor) or v._base is None:
+        return v
+    return torch.empty(0, dtype=v.dtype, device=v.device).set_(
+        v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+
+
+def _forget(views: dict, key: tuple, _dead: weakref.ref) -> None:
+    """Drop the views of ``key`` once one of its tensors is gone (unless a newer entry that
+    still has all its tensors took the key)."""
+    entry = views.get(key)
+    if entry is not None and any(r() is None for r in entry[0]):
+        del views[key]
+
+
+def kernel_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and its block scales as the binaries take them: 3-D ``[G, N, K/2]`` /
+    ``[G, N, K/16]`` (a 2-D weight is one group), the scales as their uint8 bytes, both
+    16-byte aligned (a copy where not)."""
+    if w.dim() == 2:
+        w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
+    if w_scale.dtype != torch.uint8:
+        w_scale = w_scale.view(torch.uint8)
+    return _realigned(w), _realigned(w_scale)
+
+
 # ---------------------------------------------------------------------------- the launcher
 
 
@@ -281,7 +355,7 @@ def run_gemm(
     if check:
         w_global = _checked_global(cfg, a, w, w_scale, w_global, out, tile_expert, tile_rows,
                                    row_scale)
-        a, w, w_scale = _aligned(a), _aligned(w), _aligned(w_scale)
+        a, w, w_scale = _aligned(a), w.contiguous(), w_scale.contiguous()
         if tile_expert is not None:
             tile_expert = tile_expert.contiguous()
             tile_rows = tile_rows.contiguous() if tile_rows is not None else None
@@ -290,13 +364,36 @@ def run_gemm(
         if bias is not None:
             bias = bias.contiguous()
     else:  # the caller's tensors are contiguous and of the plan's dtypes: only the alignment
-        a, w, w_scale = _realigned(a), _realigned(w), _realigned(w_scale)
+        a = _realigned(a)
+    w, w_scale = kernel_weight(w, w_scale)
+    launch(plan, a, w, w_scale, w_global, out, tile_expert=tile_expert, tile_rows=tile_rows,
+           row_scale=row_scale, bias=bias, swiglu_limit=swiglu_limit, workspace=workspace)
+
+
+def launch(
+    plan: GemmPlan,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    w_global: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    tile_expert: torch.Tensor | None = None,
+    tile_rows: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    workspace: StreamKWorkspace | None = None,
+) -> None:
+    """:func:`run_gemm` on arguments already in the binary's form, no check: ``a``
+    contiguous and 16-byte aligned, ``w`` / ``w_scale`` as :func:`kernel_weight` returns them,
+    ``w_global`` the ``[G, H2, N / H2]`` view, the optional tensors contiguous and of the
+    plan's dtypes. The path of eager op calls, whose arguments were checked once."""
+    cfg = plan.config
     num_rows = a.shape[0]
     if num_rows == 0:
         return
     dev = a.device
-    if w_scale.dtype != torch.uint8:
-        w_scale = w_scale.view(torch.uint8)
     if plan.streamk:
         if workspace is None:
             workspace = streamk_workspace(cfg, num_rows, dev)
@@ -396,11 +493,17 @@ def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
         from nvfp4_ops.reference import linear_reference
 
         return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
-    # a view, no copy: an expand-copy per call costs a kernel
-    w_global = (per_group_global_view(global_scale, n) if global_scale.dim() == 0
-                else per_row_global_view(global_scale, n))
-    run_gemm(plan, x, weight, weight_scale, w_global, out, bias=bias, check=False)
+    w3, scale3, w_global = memo_views(
+        "linear", (weight, weight_scale, global_scale),
+        lambda: (*kernel_weight(weight, weight_scale), _global_rows(global_scale, n)))
+    launch(plan, _realigned(x), w3, scale3, w_global, out, bias=bias)
     return out
+
+
+def _global_rows(scale: torch.Tensor, n: int) -> torch.Tensor:
+    """A dense GEMM's global scale (``[]`` or per row ``[N]``) as the kernels' ``[1, 1, N]``
+    view (no copy: an expand-copy per call would cost a kernel)."""
+    return per_group_global_view(scale, n) if scale.dim() == 0 else per_row_global_view(scale, n)
 
 
 def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
@@ -418,12 +521,13 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
         return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
                              swiglu_limit, wfrag=wfrag)
     gate_up, down = plans
+    w13_3, s13_3, g13, w2_3, s2_3, g2 = memo_views(
+        "mlp", (w13, w13_scale, w13_global, w2, w2_scale, w2_global),
+        lambda: (*kernel_weight(w13, w13_scale), gate_up_global_view(w13_global, inter),
+                 *kernel_weight(w2, w2_scale), _global_rows(w2_global, hidden)))
     act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    run_gemm(gate_up, x, w13, w13_scale, gate_up_global_view(w13_global, inter), act,
-             swiglu_limit=swiglu_limit, check=False)
-    w2_rows = (per_group_global_view(w2_global, hidden) if w2_global.dim() == 0
-               else per_row_global_view(w2_global, hidden))
-    run_gemm(down, act, w2, w2_scale, w2_rows, out, check=False)
+    launch(gate_up, _realigned(x), w13_3, s13_3, g13, act, swiglu_limit=swiglu_limit)
+    launch(down, act, w2_3, s2_3, g2, out)
     return out
 
 

@@ -86,6 +86,8 @@ from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
 from nvfp4_ops.kernels.kperm import KPERM
 from nvfp4_ops.kernels.linear_cuda import (
     gate_up_global_view,
+    kernel_weight,
+    memo_views,
     per_group_global_view,
     per_row_global_view,
     run_gemm,
@@ -273,10 +275,12 @@ def moe_forward(
         gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                     out=(bufs.a, bufs.row_scale))
     a, row_scale = bufs.a, bufs.row_scale
-    # views of the op's scales, no expansion kernel and no derived state to keep in sync
-    w13_rows = gate_up_global_view(w13_global, inter)
-    w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
-               else per_row_global_view(w2_global, hidden_size))
+    # the weights as the binaries take them (uint8 scale bytes) and views of the op's global
+    # scales: no expansion kernel, no derived state to keep in sync; reused between eager
+    # calls with the same weight tensors (memo_views)
+    w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = memo_views(
+        "moe", (w13, w13_scale, w13_global, w2, w2_scale, w2_global),
+        lambda: _kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global))
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
     # the base tile beside it (module docstring, "Two token tiles"); check=False: the op
     # validated the arguments and every buffer here is built for the plan. With one tile the
@@ -301,6 +305,17 @@ def moe_forward(
         return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
     launches.combine(out, float(output_scale))
     return out
+
+
+def _kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global) -> tuple:
+    """The expert weights as both GEMMs' binaries take them (:func:`~nvfp4_ops.kernels.
+    linear_cuda.kernel_weight`) and their global scales as the views ``[E, 2, I]`` /
+    ``[E, 1, H]`` (``[E, H2, N / H2]`` per row)."""
+    inter, hidden_size = w13.shape[1] // 2, w2.shape[1]
+    w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
+               else per_row_global_view(w2_global, hidden_size))
+    return (*kernel_weight(w13, w13_scale), gate_up_global_view(w13_global, inter),
+            *kernel_weight(w2, w2_scale), w2_rows)
 
 
 def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
