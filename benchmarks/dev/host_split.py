@@ -66,6 +66,9 @@ def install() -> None:
         ("nvfp4_ops.kernels.moe_cuda", "combine"),
         ("nvfp4_ops.kernels.moe_cuda", "moe_forward"),
         ("nvfp4_ops.kernels.linear_cuda", "run_gemm"),
+        ("nvfp4_ops.kernels.linear_cuda", "launch"),
+        ("nvfp4_ops.kernels.linear_cuda", "memo_views"),
+        ("nvfp4_ops.kernels.moe_cuda", "memo_views"),
         ("nvfp4_ops.kernels.linear_cuda", "streamk_workspace"),
     ]:
         try:

@@ -19,7 +19,7 @@ import torch
 
 
 def _per_call_us(fn, calls: int) -> float:
-    for _ in range(100):
+    for _ in range(min(calls, 100)):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -74,10 +74,49 @@ def main(argv: list[str] | None = None) -> int:
         "raw current stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
     }
+    gemm = _gemm_cases(dev)
+    cases.update(gemm)
+    print("torch", torch.__version__, "| torch.Tensor.__dlpack_c_exchange_api__:",
+          hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), "(tvm-ffi's fast tensor path)")
     print(f"{'path / call':32s} {'host µs':>8s}")
     for name, fn in cases.items():
-        print(f"{name:32s} {_per_call_us(fn, args.calls):8.2f}")
+        # a GEMM runs ~30 µs on the GPU: few enough calls that the launch queue never fills
+        # (then the host would wait for the GPU and this would time the kernel)
+        calls = min(args.calls, 300) if name in gemm else args.calls
+        print(f"{name:32s} {_per_call_us(fn, calls):8.2f}")
     return 0
+
+
+def _gemm_cases(dev: torch.device) -> dict:
+    """The CuTeDSL GEMM of an eager ``linear`` M = 1 at (7168, 18432): the binary called bare
+    with prepared arguments, the op's kernel (``linear_cuda.linear``) and the public wrapper;
+    and tvm-ffi's own cost for the same ten arguments (``testing.nop``)."""
+    import tvm_ffi
+
+    import nvfp4_ops
+    from nvfp4_ops.kernels import dispatch, linear_cuda
+
+    n, k = 7168, 18432
+    x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
+    w = nvfp4_ops.to_wfrag_(torch.full((n, k // 2), 0x21, dtype=torch.uint8, device=dev))
+    ws = torch.full((n, k // 16), 0x38, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+    wg = torch.ones((), device=dev)
+    plan = dispatch.plan_linear(n, k, 1, has_bias=False, order=dispatch.WeightOrder.WFRAG)
+    binary = linear_cuda.compiled(plan.config)
+    w3, s3 = linear_cuda.kernel_weight(w, ws)
+    gv = linear_cuda.per_group_global_view(wg, n)
+    out = torch.empty(1, n, dtype=torch.bfloat16, device=dev)
+    i32 = torch.zeros(1, dtype=torch.int32, device=dev)
+    f32 = torch.zeros(1, dtype=torch.float32, device=dev)
+    b16 = torch.zeros(1, dtype=torch.bfloat16, device=dev)
+    gemm_args = (x, w3, s3, gv, out, i32, i32, f32, b16, float("inf"))
+    nop = tvm_ffi.get_global_func("testing.nop")
+    return {
+        f"GEMM binary, bare ({plan.config.name})"[:32]: lambda: binary(*gemm_args),
+        "tvm-ffi nop, same 10 args": lambda: nop(*gemm_args),
+        "linear_cuda.linear (op kernel)": lambda: linear_cuda.linear(x, w, ws, wg, None, True),
+        "nvfp4_ops.linear (public)": lambda: nvfp4_ops.linear(x, w, ws, wg, wfrag=True),
+    }
 
 
 if __name__ == "__main__":
