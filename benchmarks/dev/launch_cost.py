@@ -5,7 +5,7 @@ Times, for the MoE combine at decode size (T = 1, k = 6, H = 4096): the ``combin
 ``kernel[grid]`` (Triton's JIT path), ``_launch.Launcher``, ``_launch.BoundLaunch`` (the
 path repeated eager calls take) and the compiled kernel's launcher called bare; then single
 torch calls (allocation, views, stream queries). Mean over ``--calls`` back-to-back calls,
-host time only.
+host time only; next to it the median of one call right after a ``torch.cuda.synchronize()``.
 
     python benchmarks/dev/launch_cost.py [--calls 3000]
 """
@@ -78,13 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     cases.update(gemm)
     print("torch", torch.__version__, "| torch.Tensor.__dlpack_c_exchange_api__:",
           hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), "(tvm-ffi's fast tensor path)")
-    print(f"{'path / call':32s} {'host µs':>8s}")
+    tiny = torch.zeros(1, device=dev)
+    cases["python only (200 dict lookups)"] = lambda: [cases.get(i) for i in range(200)]
+    print(f"{'path / call':32s} {'host µs':>8s} {'after sync':>10s} {'+1 launch':>10s}")
     for name, fn in cases.items():
         # a GEMM runs ~30 µs on the GPU: few enough calls that the launch queue never fills
         # (then the host would wait for the GPU and this would time the kernel)
         calls = min(args.calls, 300) if name in gemm else args.calls
-        print(f"{name:32s} {_per_call_us(fn, calls):8.2f}")
+        print(f"{name:32s} {_per_call_us(fn, calls):8.2f} {_after_sync_us(fn, 300):10.2f} "
+              f"{_after_sync_us(fn, 300, first=tiny.zero_):10.2f}")
     return 0
+
+
+def _after_sync_us(fn, calls: int, first=None) -> float:
+    """Median host µs of one call made right after ``torch.cuda.synchronize()`` (what an
+    eager call timed alone, as ``bench_overhead.py eager`` does, pays); ``first``: an
+    untimed call (a tiny kernel launch) between the synchronisation and the timed call."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        if first is not None:
+            first()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] * 1e6
 
 
 def _gemm_cases(dev: torch.device) -> dict:
