@@ -7,7 +7,8 @@ time), median over ``--reps`` calls after warm-up, next to the same call as a CU
 replay (device time only) in the same process. Both with the per-call value checks off (the
 default) and on (``NVFP4_OPS_VALUE_CHECKS=1``). Also the host time of the Python call alone
 (``time.perf_counter`` around it, no synchronisation), split by stage with the torch profiler
-when ``--profile`` is given.
+when ``--profile`` is given. Eager figures are host-bound, so the run also records the host's
+speed on a fixed piece of pure Python (``host_speed_us``).
 
 ``startup``: the kernel cache (``NVFP4_OPS_CACHE_DIR``) and Triton's (``TRITON_CACHE_DIR``) both
 point into a fresh folder. First ``python -m nvfp4_ops precompile --shape v4-flash --jobs N``
@@ -62,6 +63,24 @@ def _host_median_us(fn, reps: int) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(times)
+
+
+def host_speed_us(calls: int = 20000) -> float:
+    """The host's speed as µs of a fixed piece of pure Python (200 dict lookups, best of 5
+    rounds). Eager calls are host-bound, and the machines lent for a run differ by ~2-3x in
+    it, so an eager figure is only comparable with this next to it."""
+    table: dict[int, int] = {}
+
+    def work():
+        return [table.get(i) for i in range(200)]
+
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls // 5):
+            work()
+        best = min(best, (time.perf_counter() - t0) / (calls // 5) * 1e6)
+    return best
 
 
 def _cases():
@@ -225,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     if "startup" in args.modes:  # first: a fresh process each, before this one warms anything
         result["startup"] = run_startup(args.jobs)
     if "eager" in args.modes:
+        result["host_speed_us"] = host_speed_us()
+        print(f"host speed: {result['host_speed_us']:.2f} µs per 200 dict lookups in Python "
+              "(eager figures are host-bound: compare machines by this)")
         result["eager"] = run_eager(args.reps, args.profile, args.cprofile)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -77,7 +77,7 @@ def install() -> None:
             print(f"(no {module}.{attr})")
     # moe_forward binds its GEMM launcher as a default argument
     kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
-    kw["gemm"] = linear_cuda.run_gemm
+    kw["gemm"] = linear_cuda.launch
     compiled = linear_cuda.compiled
     binaries: dict[int, object] = {}
 

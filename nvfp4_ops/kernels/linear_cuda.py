@@ -52,7 +52,7 @@ _COMPILERS = {
     w4a16_gemm.GemmConfig: w4a16_gemm.compile_gemm,
     w4a16_wgmma.WgmmaConfig: w4a16_wgmma.compile_gemm,
 }
-_dummies: dict[tuple, torch.Tensor] = {}
+_dummies: dict[int | None, _Unused] = {}
 
 
 def compile_function(config):
@@ -288,11 +288,21 @@ def kernel_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor,
 # ---------------------------------------------------------------------------- the launcher
 
 
-def _dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (dtype, device.index)  # a CUDA tensor's device always has its index
-    t = _dummies.get(key)
+class _Unused(NamedTuple):
+    """One-element stand-ins for the interface operands a launch does not use (int32
+    ``tile_expert`` / ``tile_rows``, fp32 ``row_scale``, bf16 ``bias``), per device."""
+
+    i32: torch.Tensor
+    f32: torch.Tensor
+    bf16: torch.Tensor
+
+
+def _unused(device: torch.device) -> _Unused:
+    t = _dummies.get(device.index)  # a CUDA tensor's device always has its index
     if t is None:
-        t = _dummies[key] = torch.zeros(1, dtype=dtype, device=device)
+        t = _dummies[device.index] = _Unused(
+            *(torch.zeros(1, dtype=d, device=device)
+              for d in (torch.int32, torch.float32, torch.bfloat16)))
     return t
 
 
@@ -342,9 +352,10 @@ def run_gemm(
         row_scale: fp32 ``[P]`` (``row_scale`` epilogue); bias: bf16 ``[N]`` (``none``).
         swiglu_limit: ``L`` of ``silu(min(gate, L)) * clamp(up, -L, L)`` or None (no clamp).
         workspace: (stream-K plans) the counters and scratch; None = :func:`streamk_workspace`.
-        check: check the arguments against the plan first (tools and tests). The ops pass
-            False: they validated the arguments and built every buffer for the plan, and an
-            eager call pays each host microsecond.
+        check: check the arguments against the plan first (tools and tests); False: they
+            are contiguous and of the plan's dtypes, only their alignment is made sure of.
+            The ops call :func:`launch` directly instead, with their arguments in the
+            binaries' form (an eager call pays each host microsecond).
 
     Raises:
         ValueError: (``check``) wrong shapes or dtypes for the plan.
@@ -394,6 +405,7 @@ def launch(
     if num_rows == 0:
         return
     dev = a.device
+    unused = _unused(dev)
     if plan.streamk:
         if workspace is None:
             workspace = streamk_workspace(cfg, num_rows, dev)
@@ -405,7 +417,7 @@ def launch(
         slot1 = tile_rows if tile_rows is not None else torch.full_like(tile_expert,
                                                                         cfg.block_m)
     else:
-        slot0 = slot1 = _dummy(torch.int32, dev)
+        slot0 = slot1 = unused.i32
     _binary(plan)(
         a,
         w,
@@ -414,8 +426,8 @@ def launch(
         out,
         slot0,
         slot1,
-        row_scale if row_scale is not None else _dummy(torch.float32, dev),
-        bias if bias is not None else _dummy(torch.bfloat16, dev),
+        row_scale if row_scale is not None else unused.f32,
+        bias if bias is not None else unused.bf16,
         float("inf") if swiglu_limit is None else float(swiglu_limit),
     )
 

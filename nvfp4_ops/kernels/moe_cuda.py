@@ -87,10 +87,10 @@ from nvfp4_ops.kernels.kperm import KPERM
 from nvfp4_ops.kernels.linear_cuda import (
     gate_up_global_view,
     kernel_weight,
+    launch,
     memo_views,
     per_group_global_view,
     per_row_global_view,
-    run_gemm,
 )
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
 from nvfp4_ops.kernels.triton.moe_combine import combine, combine_launch
@@ -235,18 +235,19 @@ def moe_forward(
     output_scale: float,
     *,
     plan: MoEPlan,
-    gemm: Callable = run_gemm,
+    gemm: Callable = launch,
     pdl: bool = True,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) for ``plan``, with the grouped GEMM passed in as
     ``gemm`` (arguments as :func:`nvfp4_ops.moe`, already validated; ``T >= 1``).
 
     ``gemm(gemm_plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows, row_scale,
-    swiglu_limit, check)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm`
-    (``tile_rows``: the routing's real rows per tile; the padding rows' outputs are never
-    read, so the GEMM may compute them from any row of the tile; ``check=False``: the
-    arguments are already valid); its ``w_global`` is the fp32 view ``[E, 2, I]`` of
-    ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global`` (GEMM 2). Tests pass a torch
+    swiglu_limit)`` follows :func:`nvfp4_ops.kernels.linear_cuda.launch` (arguments in the
+    binaries' form, not checked again: ``w`` / ``w_scale`` as ``kernel_weight`` returns them;
+    ``tile_rows``: the routing's real rows per tile; the padding rows' outputs are never
+    read, so the GEMM may compute them from any row of the tile); its ``w_global`` is the
+    fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
+    (GEMM 2). Tests pass a torch
     stand-in to check the data flow without the CuTeDSL kernels. ``pdl``: launch the Triton
     kernels with launch overlap (CUDA tensors only; the GEMMs' launch mode is their plan's).
     """
@@ -282,8 +283,9 @@ def moe_forward(
         "moe", (w13, w13_scale, w13_global, w2, w2_scale, w2_global),
         lambda: _kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global))
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
-    # the base tile beside it (module docstring, "Two token tiles"); check=False: the op
-    # validated the arguments and every buffer here is built for the plan. With one tile the
+    # the base tile beside it (module docstring, "Two token tiles"); no second check: the op
+    # validated the arguments and every buffer here is built for the plan (contiguous; row
+    # slices start at a multiple of block_m rows, so stay 16-byte aligned). With one tile the
     # base tiles cover the whole buffer: no views (each costs host time on an eager call).
     act, expert_out = bufs.act, bufs.expert_out
     if hot is None:
@@ -296,11 +298,11 @@ def moe_forward(
     for gate_up, _, rows, tile_expert, tile_rows in tiles:
         gemm(gate_up, _rows(a, rows), w13, w13_scale, w13_rows, _rows(act, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
-             swiglu_limit=swiglu_limit, check=False)
+             swiglu_limit=swiglu_limit)
     for _, down, rows, tile_expert, tile_rows in tiles:
         gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=_rows(row_scale, rows),
-             swiglu_limit=None, check=False)
+             swiglu_limit=None)
     if launches is None:
         return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
     launches.combine(out, float(output_scale))
