@@ -70,6 +70,31 @@ def test_linear_vs_reference(n, k):
         check_close(out, ref, f"linear M={m} N={n} K={k}")
 
 
+def test_repeated_eager_calls_follow_weight_updates():
+    """Eager calls reuse their weight views (``linear_cuda.memo_views``): a weight written in
+    place, a scale whose storage was swapped through ``.data`` (what vLLM's loaders do) and a
+    new weight object are each seen by the next call."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n, k = 1536, 4096
+    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
+    x = torch.randn(3, k, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def check(what):
+        out = nvfp4_ops.linear(x, weight, weight_scale, global_scale)
+        check_close(out, linear_fp32(x, weight, weight_scale, global_scale), what)
+        return out
+
+    first = check("first call")
+    weight.copy_(torch.randint(0, 256, weight.shape, dtype=torch.uint8, device="cuda",
+                               generator=gen))
+    second = check("after an in-place weight write")
+    global_scale.data = global_scale * 4.0
+    third = check("after a .data swap of the global scale")
+    assert not torch.equal(first, second) and torch.equal(third.float(), second.float() * 4)
+    weight_scale = (weight_scale.float() * 0.5).to(torch.float8_e4m3fn)  # a new object
+    check("with a new block-scale tensor")
+
+
 @pytest.mark.parametrize("n,k", [(7168, 18432), (1536, 4096)])
 def test_linear_per_tensor_and_per_channel_global(n, k):
     """The same weights with a per-tensor scalar (a stride-0 ``[1, 1, N]`` view) and a

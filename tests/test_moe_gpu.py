@@ -624,6 +624,25 @@ def test_eager_calls_reuse_buffers_exactly(flash, num_tokens, monkeypatch):
     assert len(moe_cuda._reused) == entries, "a capture took the eager buffers"
 
 
+def test_eager_calls_follow_weight_updates(tiny):
+    """Eager calls reuse their weight views (``linear_cuda.memo_views``): a global scale whose
+    storage was swapped through ``.data`` (what vLLM's loaders do) is seen by the next call,
+    exactly (a power-of-two scale moves every output by that power of two)."""
+    from dataclasses import replace
+
+    torch.manual_seed(5)
+    experts = replace(tiny, w2_global=tiny.w2_global.clone())
+    hidden = _hidden(4, TINY.hidden)
+    ids, weights = random_routing(4, TINY.experts, TINY.top_k, device="cuda")
+    kw = dict(swiglu_limit=TINY.swiglu_limit)
+    first = nvfp4_ops.moe(hidden, ids, weights, *experts.args(), **kw)
+    experts.w2_global.data = experts.w2_global * 2.0
+    second = nvfp4_ops.moe(hidden, ids, weights, *experts.args(), **kw)
+    assert torch.equal(second.float(), first.float() * 2)
+    want = moe_reference(hidden, ids, weights, *experts.args(), 0, TINY.swiglu_limit, 1.0)
+    assert_moe_close(second, want, "tiny T=4 after a .data swap of w2_global")
+
+
 def test_eager_bound_launches_follow_new_argument_kinds(flash):
     """Repeated eager calls launch their Triton kernels bound to the reused buffers; a later
     call with ids of another dtype, an unaligned hidden state or another ``expert_start``
