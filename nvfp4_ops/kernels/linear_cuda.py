@@ -237,7 +237,9 @@ def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
     (``.data = ...``, ``set_``) or resized misses the signature (address, shape) and gets
     new views. Views of a contiguous tensor depend on nothing else: the op checked dtypes,
     device and contiguity before asking, and a dtype reinterpretation of the same bytes
-    (float8 / uint8 scales) changes no view.
+    (float8 / uint8 scales) changes no view. The views hold their storage: a storage swapped
+    out of a tensor stays allocated until that tensor's next call (which rebuilds its
+    entry) or its end; weights prepared before the first call never pay this.
     """
     # no identity check needed: an entry goes the moment one of its tensors dies (the weak
     # references' callbacks run at deallocation), so a later object with a recycled id never
