@@ -18,7 +18,9 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
    :func:`nvfp4_ops.kernels.linear_cuda.gate_up_global_view`).
 4. grouped W4A16 GEMM, ``row_scale`` epilogue: ``y bf16 [P, H]`` =
    ``(h @ W2_e^T) * w2_global[e] * row_scale``; ``w2_global [E]`` through the view ``[E, 1, H]``
-   (:func:`nvfp4_ops.kernels.linear_cuda.per_group_global_view`).
+   (:func:`nvfp4_ops.kernels.linear_cuda.per_group_global_view`). ``y`` is written over ``a``
+   (the same memory: one ``[P, H]`` buffer per call, not two), which every GEMM 1 has finished
+   reading by then (the ordering below).
 5. :func:`combine` (Triton): ``out[t] = bf16(output_scale * sum_j y[slot_row[t, j]])`` in fp32,
    fixed ``j`` order, non-local slots contribute 0.
 
@@ -45,6 +47,8 @@ it is ordered:
   and the weights are never written.
 * a kernel cannot complete before its predecessor (CTA 0 waits), so when the combine completes
   the whole chain has, and the next (plain-launched) kernel sees every buffer settled.
+* hence GEMM 2 may write over GEMM 1's input ``a``: it writes only after its wait, when GEMM 1
+  (with two tiles: both GEMM 1 launches, see below) has completed.
 
 **Two token tiles** (``plan.hot``: hot experts in a larger tile, :mod:`~nvfp4_ops.kernels.
 triton.moe_routing`, "Hot experts"): each GEMM runs once per tile, the hot one first and the
@@ -111,7 +115,9 @@ class MoEBuffers(NamedTuple):
     """The intermediate buffers of one MoE call (uninitialised; every call writes what it
     reads): the routing's int32 buffers (:func:`~nvfp4_ops.kernels.triton.moe_routing.
     routing_buffers`), the gathered rows ``a bf16 [P, H]``, their router weights ``row_scale
-    f32 [P]``, GEMM 1's output ``act bf16 [P, I]`` and GEMM 2's ``expert_out bf16 [P, H]``."""
+    f32 [P]``, GEMM 1's output ``act bf16 [P, I]`` and GEMM 2's ``expert_out bf16 [P, H]``,
+    which is ``a`` itself (GEMM 2 writes over GEMM 1's input: module docstring, "Launch
+    overlap")."""
 
     routing: tuple[torch.Tensor, ...]
     a: torch.Tensor
@@ -126,11 +132,10 @@ def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts
     slots, ``E`` local experts and sizes ``H``, ``I``."""
     rows, bf16 = plan.num_rows, torch.bfloat16
     hot = plan.hot.routing if plan.hot is not None else None
-    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m, hot),
-                      torch.empty(rows, hidden_size, dtype=bf16, device=device),
+    a = torch.empty(rows, hidden_size, dtype=bf16, device=device)
+    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m, hot), a,
                       torch.empty(rows, dtype=torch.float32, device=device),
-                      torch.empty(rows, inter, dtype=bf16, device=device),
-                      torch.empty(rows, hidden_size, dtype=bf16, device=device))
+                      torch.empty(rows, inter, dtype=bf16, device=device), a)
 
 
 #: Eager calls whose intermediates take at most this many bytes reuse them (per device,
@@ -181,7 +186,7 @@ def _call_buffers(device: torch.device, plan: MoEPlan, top_k: int, num_slots: in
     """
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter), None
-    nbytes = plan.num_rows * (4 * hidden_size + 2 * inter + 4)
+    nbytes = plan.num_rows * (2 * hidden_size + 2 * inter + 4)
     if nbytes > _REUSE_MAX:
         return moe_buffers(device, plan, num_slots, num_experts, hidden_size, inter), None
     index = device.index
