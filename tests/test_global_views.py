@@ -252,21 +252,44 @@ def test_views_are_keyed_by_shape_too():
     assert len(first) == 1 and second[1] == "rebuilt"
 
 
-def test_views_go_with_their_tensors():
-    """The memo keeps no weight alive: once a weight is dropped, its entry (and the views
-    holding its storage) goes."""
+@pytest.mark.parametrize("build", ["view", "itself"])
+def test_views_go_with_their_tensors(build):
+    """The memo keeps no weight alive: once a weight is dropped, its entry (and what holds
+    its storage) goes, whether the memo kept a view of it or the tensor as it was (a 3-D
+    weight, or a parameter)."""
     import gc
     import weakref
 
-    t = torch.zeros(1024)
+    t = torch.nn.Parameter(torch.zeros(1024), requires_grad=False)
     storage = weakref.ref(t.untyped_storage())
-    linear_cuda.memo_views("test-drop", (t,), lambda t=t: (t.view(32, 32),))
+    views = linear_cuda.memo_views(
+        "test-drop", (t,), lambda t=t: (t.view(32, 32),) if build == "view" else (t,))
+    assert views[0].data_ptr() == t.data_ptr() and views[0] is not t
     key = ("test-drop", id(t))
     assert key in linear_cuda._views
-    del t
+    del t, views
     gc.collect()
     assert key not in linear_cuda._views
     assert storage() is None
+
+
+def test_moe_views_go_with_their_weights():
+    """``moe_forward``'s memo entry (3-D weights passed on unchanged) goes with the weights."""
+    import gc
+
+    from nvfp4_ops.kernels.moe_cuda import _kernel_weights
+
+    e, h, i = 2, 64, 32
+    weights = [torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8),
+               torch.zeros(e, 2 * i, h // 16, dtype=torch.uint8), torch.ones(e, 2),
+               torch.zeros(e, h, i // 2, dtype=torch.uint8),
+               torch.zeros(e, h, i // 16, dtype=torch.uint8), torch.ones(e)]
+    linear_cuda.memo_views("test-moe", tuple(weights), lambda w=weights: _kernel_weights(*w))
+    key = ("test-moe", *map(id, weights))
+    assert key in linear_cuda._views
+    del weights
+    gc.collect()
+    assert key not in linear_cuda._views
 
 
 # --- run_gemm's argument check ----------------------------------------------------------------

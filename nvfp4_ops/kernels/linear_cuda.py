@@ -249,7 +249,7 @@ def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
     hit = _views.get(key)
     if hit is not None and hit[1] == sig:
         return hit[2]
-    views = tuple(_unbased(v) for v in build())
+    views = tuple(_alias(v) for v in build())
     if len(_views) >= _VIEWS_MAX:
         _views.clear()
     forget = functools.partial(_forget, _views, key)  # no module globals: runs at exit too
@@ -258,11 +258,13 @@ def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
     return views
 
 
-def _unbased(v):
-    """The tensor ``v`` as a tensor over the same storage with no view base: a view keeps its
-    base's Python object alive (torch preserves it while the C++ tensor is referenced), which
-    would keep the memo's weak references from ever dying; this one keeps only the storage."""
-    if not isinstance(v, torch.Tensor) or v._base is None:
+def _alias(v):
+    """A new tensor over ``v``'s storage (same offset, shape, strides), sharing nothing else
+    with it; non-tensors unchanged. Why: the memo must hold no reference to the argument
+    tensors themselves, or its weak references would never die. ``v`` may be one of them (a
+    3-D weight is passed on as it is), and a view keeps its base's Python object alive (torch
+    preserves it while the C++ tensor is referenced); an alias keeps only the storage."""
+    if not isinstance(v, torch.Tensor):
         return v
     return torch.empty(0, dtype=v.dtype, device=v.device).set_(
         v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
