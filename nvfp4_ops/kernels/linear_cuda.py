@@ -1,5 +1,6 @@
 """CUDA implementations of ``nvfp4::linear`` / ``nvfp4::mlp``, and the launcher every W4A16 GEMM
-goes through (:func:`run_gemm`, which the MoE uses too).
+goes through: :func:`run_gemm` (checks the arguments against the plan; tools and tests) and
+:func:`launch` (arguments already in the binaries' form; the ops, the MoE's GEMMs included).
 
 A launch takes a :class:`~nvfp4_ops.kernels.dispatch.GemmPlan` (which kernel, in which
 config) and runs its binary on torch's current stream (tvm-ffi reads it at call time). Nothing
@@ -10,7 +11,9 @@ Global scales reach the kernels as fp32 ``[G, H2, N / H2]`` *views* of the op ar
 (``H2 = 2`` for the SwiGLU GEMM: gate half, up half; 1 otherwise; any strides, 0 where one
 scale covers many rows; :mod:`nvfp4_ops.kernels.cute.gemm_interface`), built by
 :func:`per_row_global_view`, :func:`per_group_global_view` and :func:`gate_up_global_view`:
-no per-call expansion kernel, no cache of expanded rows.
+no per-call expansion kernel, no cache of expanded rows. The ops build the kernel form of
+their weights (these views, 3-D codes, scale bytes as uint8) once per weight tensors and reuse
+it across eager calls (:func:`memo_views`).
 """
 
 from __future__ import annotations
