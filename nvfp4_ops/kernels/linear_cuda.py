@@ -262,15 +262,13 @@ def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
 
 
 def _alias(v):
-    """A new tensor over ``v``'s storage (same offset, shape, strides), sharing nothing else
-    with it; non-tensors unchanged. Why: the memo must hold no reference to the argument
-    tensors themselves, or its weak references would never die. ``v`` may be one of them (a
-    3-D weight is passed on as it is), and a view keeps its base's Python object alive (torch
-    preserves it while the C++ tensor is referenced); an alias keeps only the storage."""
-    if not isinstance(v, torch.Tensor):
-        return v
-    return torch.empty(0, dtype=v.dtype, device=v.device).set_(
-        v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+    """A new tensor over ``v``'s storage (same offset, shape, strides) that is not a view of
+    it (``detach``: no view base); non-tensors unchanged. Why: the memo must hold no
+    reference to the argument tensors themselves, or its weak references would never die.
+    ``v`` may be one of them (a 3-D weight is passed on as it is), and a view keeps its base's
+    Python object alive (torch preserves it while the C++ tensor is referenced); a detached
+    alias keeps only the storage (``tests/test_global_views.py`` checks both)."""
+    return v.detach() if isinstance(v, torch.Tensor) else v
 
 
 def _forget(views: dict, key: tuple, _dead: weakref.ref) -> None:
