@@ -18,6 +18,8 @@ Triton variant the shape reaches, loaded and run once): the warm start a server 
 
 Run on a GPU: ``python benchmarks/bench_overhead.py eager startup --out
 benchmarks/results/overhead_h200.json``. Needs CUDA; prints one table per mode.
+``--processes N`` repeats ``eager`` in N fresh processes (its figures move between processes
+on one machine) and prints each, then one line per case.
 """
 
 from __future__ import annotations
@@ -222,6 +224,34 @@ def run_startup(jobs: int) -> list[dict]:
     return rows
 
 
+def run_eager_processes(processes: int, reps: int) -> list[dict]:
+    """``eager`` in ``processes`` fresh processes, one after the other; prints each one's
+    table as it finishes and a summary per case. Returns each process's result."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="nvfp4_eager_") as root:
+        for i in range(processes):
+            out = Path(root) / f"eager_{i}.json"
+            res = subprocess.run([sys.executable, __file__, "eager", "--reps", str(reps),
+                                  "--out", str(out)], text=True, capture_output=True,
+                                 timeout=900)
+            print(f"--- process {i + 1} of {processes} (rc {res.returncode})\n"
+                  f"{res.stdout.strip()}", flush=True)
+            if res.returncode != 0 or not out.exists():
+                print(res.stderr[-3000:])
+                results.append({"failed": True})
+                continue
+            results.append(json.loads(out.read_text()))
+    done = [r for r in results if "eager" in r]
+    print(f"{'case':28s} {'replay µs':>14s}  eager µs per process (host speed µs)")
+    for case in dict.fromkeys(row["case"] for r in done for row in r["eager"]):
+        rows = [(r["host_speed_us"], row) for r in done for row in r["eager"]
+                if row["case"] == case]
+        replays = [row["graph_replay_us"] for _, row in rows]
+        eager = ", ".join(f"{row['eager_us']:.1f} ({speed:.1f})" for speed, row in rows)
+        print(f"{case:28s} {min(replays):6.1f}-{max(replays):6.1f}  {eager}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("modes", nargs="+", choices=("eager", "startup"))
@@ -231,10 +261,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the Python functions of an eager call, by own time (cProfile)")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="compile workers of the cold precompile (startup)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="eager: repeat the measurement in this many fresh processes, one "
+                        "after the other, and report each (an eager call's host time moves "
+                        "between processes)")
     p.add_argument("--out", type=Path, help="write the results to this JSON file")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
+    if args.processes < 1:
+        p.error(f"--processes must be >= 1, got {args.processes}")
     if not torch.cuda.is_available():
         print("bench_overhead: needs a CUDA GPU; nothing to measure here")
         return 0
@@ -243,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     result["commit"] = git_commit()
     if "startup" in args.modes:  # first: a fresh process each, before this one warms anything
         result["startup"] = run_startup(args.jobs)
-    if "eager" in args.modes:
+    if "eager" in args.modes and args.processes > 1:
+        result["processes"] = run_eager_processes(args.processes, args.reps)
+    elif "eager" in args.modes:
         result["host_speed_us"] = host_speed_us()
         print(f"host speed: {result['host_speed_us']:.2f} µs per 200 dict lookups in Python "
               "(eager figures are host-bound: compare machines by this)")

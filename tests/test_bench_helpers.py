@@ -1,8 +1,8 @@
 """CPU tests of the benchmark helpers in :mod:`nvfp4_ops.testing` (fast random experts, the
 routing generators, expert-parallel slices, the MoE's byte / FLOP floor, the routing layouts
-the peer MoE kernels read) and of ``benchmarks/bench_moe.py``'s GPU-free paths, run as a
-subprocess (``--help``, ``--dry-run``, no CUDA, ``--fake-timings``; tests never import the
-benchmarks)."""
+the peer MoE kernels read) and of the GPU-free paths of ``benchmarks/bench_moe.py``
+(``--help``, ``--dry-run``, no CUDA, ``--fake-timings``) and ``benchmarks/bench_overhead.py``
+(argument errors, no CUDA), run as subprocesses (tests never import the benchmarks)."""
 
 from __future__ import annotations
 
@@ -254,13 +254,22 @@ def test_fast_random_mxfp4_experts():
 
 # --- benchmarks/bench_moe.py without a GPU ---------------------------------------------------
 
-def _bench(*args: str, tmp_path: Path | None = None) -> subprocess.CompletedProcess:
+def _bench(*args: str, tmp_path: Path | None = None,
+           script: str = "bench_moe.py") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
                                                                                    "")]))
     env["CUDA_VISIBLE_DEVICES"] = ""  # the no-GPU paths, also on a GPU machine
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_moe.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=600, env=env,
                           cwd=tmp_path or ROOT)
+
+
+def test_bench_overhead_arguments_without_cuda():
+    bad = _bench("eager", "--processes", "0", script="bench_overhead.py")
+    assert bad.returncode == 2 and "--processes must be >= 1, got 0" in bad.stderr
+    out = _bench("eager", "--processes", "3", script="bench_overhead.py")
+    assert out.returncode == 0, out.stderr
+    assert "needs a CUDA GPU; nothing to measure here" in out.stdout
 
 
 def test_bench_moe_help_and_plan():

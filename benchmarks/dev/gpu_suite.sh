@@ -12,6 +12,7 @@
 #   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
 #             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call
 #   dense     the dense GPU tests: linear, wfrag, stream-K
+#   eager     bench_overhead.py eager in three fresh processes (JSON in $OUT)
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
@@ -66,9 +67,9 @@ for part in "$@"; do
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     eager)  # the eager half of overhead only
-      timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager \
+      timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager --processes 3 \
         --out "$out/overhead_eager_h200.json" >"$out/bench_overhead_eager.log" 2>&1
-      echo "== eager rc=$?"; tail -4 "$out/bench_overhead_eager.log" ;;
+      echo "== eager rc=$?"; tail -3 "$out/bench_overhead_eager.log" ;;
     overhead)
       timeout -s KILL 420 python3 benchmarks/bench_overhead.py eager startup --jobs "$jobs" \
         --out "$out/overhead_h200.json" >"$out/bench_overhead.log" 2>&1
