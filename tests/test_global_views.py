@@ -277,14 +277,13 @@ def test_moe_views_go_with_their_weights():
     """``moe_forward``'s memo entry (3-D weights passed on unchanged) goes with the weights."""
     import gc
 
-    from nvfp4_ops.kernels.moe_cuda import _kernel_weights
-
     e, h, i = 2, 64, 32
     weights = [torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8),
                torch.zeros(e, 2 * i, h // 16, dtype=torch.uint8), torch.ones(e, 2),
                torch.zeros(e, h, i // 2, dtype=torch.uint8),
                torch.zeros(e, h, i // 16, dtype=torch.uint8), torch.ones(e)]
-    linear_cuda.memo_views("test-moe", tuple(weights), lambda w=weights: _kernel_weights(*w))
+    linear_cuda.memo_views("test-moe", tuple(weights),
+                           lambda w=weights: linear_cuda.gated_kernel_weights(*w))
     key = ("test-moe", *map(id, weights))
     assert key in linear_cuda._views
     del weights

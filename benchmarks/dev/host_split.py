@@ -66,7 +66,6 @@ def install() -> None:
         ("nvfp4_ops.kernels.moe_cuda", "combine"),
         ("nvfp4_ops.kernels.moe_cuda", "moe_forward"),
         ("nvfp4_ops.kernels.linear_cuda", "run_gemm"),
-        ("nvfp4_ops.kernels.linear_cuda", "launch"),
         ("nvfp4_ops.kernels.linear_cuda", "memo_views"),
         ("nvfp4_ops.kernels.moe_cuda", "memo_views"),
         ("nvfp4_ops.kernels.linear_cuda", "streamk_workspace"),
@@ -77,7 +76,7 @@ def install() -> None:
             print(f"(no {module}.{attr})")
     # moe_forward binds its GEMM launcher as a default argument
     kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
-    kw["gemm"] = linear_cuda.launch
+    kw["gemm"] = linear_cuda.run_gemm
     compiled = linear_cuda.compiled
     binaries: dict[int, object] = {}
 

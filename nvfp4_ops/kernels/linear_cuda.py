@@ -1,6 +1,5 @@
 """CUDA implementations of ``nvfp4::linear`` / ``nvfp4::mlp``, and the launcher every W4A16 GEMM
-goes through: :func:`run_gemm` (checks the arguments against the plan; tools and tests) and
-:func:`launch` (arguments already in the binaries' form; the ops, the MoE's GEMMs included).
+goes through (:func:`run_gemm`, which the MoE uses too).
 
 A launch takes a :class:`~nvfp4_ops.kernels.dispatch.GemmPlan` (which kernel, in which
 config) and runs its binary on torch's current stream (tvm-ffi reads it at call time). Nothing
@@ -13,7 +12,7 @@ scale covers many rows; :mod:`nvfp4_ops.kernels.cute.gemm_interface`), built by
 :func:`per_row_global_view`, :func:`per_group_global_view` and :func:`gate_up_global_view`:
 no per-call expansion kernel, no cache of expanded rows. The ops build the kernel form of
 their weights (these views, 3-D codes, scale bytes as uint8) once per weight tensors and reuse
-it across eager calls (:func:`memo_views`).
+it across eager calls (:func:`memo_views`), then launch with ``run_gemm(..., check=False)``.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ __all__ = [
     "compile_function",
     "compiled",
     "gate_up_global_view",
+    "gated_kernel_weights",
     "kernel_weight",
-    "launch",
     "linear",
     "memo_views",
     "mlp",
@@ -290,6 +289,26 @@ def kernel_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor,
     return _realigned(w), _realigned(w_scale)
 
 
+def global_rows(scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The global scale of weight ``w`` (``[N, K/2]`` or ``[G, N, K/2]``) as the kernels'
+    ``[G, 1, N]`` view: per row when it has a dimension less than ``w`` (``[N]`` / ``[G, N]``),
+    else one per group (``[]`` / ``[G]``). A view, no copy: an expand-copy per call would cost a
+    kernel."""
+    n = w.shape[-2]
+    if scale.dim() == w.dim() - 1:
+        return per_row_global_view(scale, n)
+    return per_group_global_view(scale, n)
+
+
+def gated_kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global) -> tuple:
+    """A SwiGLU block's weights (``nvfp4::mlp``: one; ``nvfp4::moe``: one per expert) as its
+    two GEMMs' binaries take them: :func:`kernel_weight` of each, with the gate/up global
+    scales as the ``[G, 2, I]`` view (:func:`gate_up_global_view`) and the down one as
+    :func:`global_rows`."""
+    return (*kernel_weight(w13, w13_scale), gate_up_global_view(w13_global, w13.shape[-2] // 2),
+            *kernel_weight(w2, w2_scale), global_rows(w2_global, w2))
+
+
 # ---------------------------------------------------------------------------- the launcher
 
 
@@ -357,21 +376,25 @@ def run_gemm(
         row_scale: fp32 ``[P]`` (``row_scale`` epilogue); bias: bf16 ``[N]`` (``none``).
         swiglu_limit: ``L`` of ``silu(min(gate, L)) * clamp(up, -L, L)`` or None (no clamp).
         workspace: (stream-K plans) the counters and scratch; None = :func:`streamk_workspace`.
-        check: check the arguments against the plan first (tools and tests); False: they
-            are contiguous and of the plan's dtypes, only their alignment is made sure of.
-            The ops call :func:`launch` directly instead, with their arguments in the
-            binaries' form (an eager call pays each host microsecond).
+        check: check the arguments against the plan and bring them into the binaries' form
+            (tools and tests). False: they are in it already, and nothing is checked or
+            copied: ``a`` contiguous and 16-byte aligned, ``w`` / ``w_scale`` as
+            :func:`kernel_weight` returns them, ``w_global`` the ``[G, H2, N / H2]`` view, the
+            optional tensors contiguous and of the plan's dtypes. The ops pass False: they
+            checked their arguments and build the weights' form once (:func:`memo_views`), and
+            an eager call pays each host microsecond.
 
     Raises:
         ValueError: (``check``) wrong shapes or dtypes for the plan.
     """
     cfg = plan.config
-    if w.dim() == 2:
-        w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
     if check:
+        if w.dim() == 2:
+            w, w_scale = w.unsqueeze(0), w_scale.unsqueeze(0)
         w_global = _checked_global(cfg, a, w, w_scale, w_global, out, tile_expert, tile_rows,
                                    row_scale)
-        a, w, w_scale = _aligned(a), w.contiguous(), w_scale.contiguous()
+        a = _aligned(a)
+        w, w_scale = kernel_weight(w.contiguous(), w_scale.contiguous())
         if tile_expert is not None:
             tile_expert = tile_expert.contiguous()
             tile_rows = tile_rows.contiguous() if tile_rows is not None else None
@@ -379,33 +402,6 @@ def run_gemm(
             row_scale = row_scale.float().contiguous()
         if bias is not None:
             bias = bias.contiguous()
-    else:  # the caller's tensors are contiguous and of the plan's dtypes: only the alignment
-        a = _realigned(a)
-    w, w_scale = kernel_weight(w, w_scale)
-    launch(plan, a, w, w_scale, w_global, out, tile_expert=tile_expert, tile_rows=tile_rows,
-           row_scale=row_scale, bias=bias, swiglu_limit=swiglu_limit, workspace=workspace)
-
-
-def launch(
-    plan: GemmPlan,
-    a: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    w_global: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    tile_expert: torch.Tensor | None = None,
-    tile_rows: torch.Tensor | None = None,
-    row_scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    swiglu_limit: float | None = None,
-    workspace: StreamKWorkspace | None = None,
-) -> None:
-    """:func:`run_gemm` on arguments already in the binary's form, no check: ``a``
-    contiguous and 16-byte aligned, ``w`` / ``w_scale`` as :func:`kernel_weight` returns them,
-    ``w_global`` the ``[G, H2, N / H2]`` view, the optional tensors contiguous and of the
-    plan's dtypes. The path of eager op calls, whose arguments were checked once."""
-    cfg = plan.config
     num_rows = a.shape[0]
     if num_rows == 0:
         return
@@ -512,15 +508,9 @@ def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
         return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
     w3, scale3, w_global = memo_views(
         "linear", (weight, weight_scale, global_scale),
-        lambda: (*kernel_weight(weight, weight_scale), _global_rows(global_scale, n)))
-    launch(plan, _realigned(x), w3, scale3, w_global, out, bias=bias)
+        lambda: (*kernel_weight(weight, weight_scale), global_rows(global_scale, weight)))
+    run_gemm(plan, _realigned(x), w3, scale3, w_global, out, bias=bias, check=False)
     return out
-
-
-def _global_rows(scale: torch.Tensor, n: int) -> torch.Tensor:
-    """A dense GEMM's global scale (``[]`` or per row ``[N]``) as the kernels' ``[1, 1, N]``
-    view (no copy: an expand-copy per call would cost a kernel)."""
-    return per_group_global_view(scale, n) if scale.dim() == 0 else per_row_global_view(scale, n)
 
 
 def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
@@ -538,13 +528,13 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
         return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
                              swiglu_limit, wfrag=wfrag)
     gate_up, down = plans
+    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     w13_3, s13_3, g13, w2_3, s2_3, g2 = memo_views(
-        "mlp", (w13, w13_scale, w13_global, w2, w2_scale, w2_global),
-        lambda: (*kernel_weight(w13, w13_scale), gate_up_global_view(w13_global, inter),
-                 *kernel_weight(w2, w2_scale), _global_rows(w2_global, hidden)))
+        "mlp", weights, lambda: gated_kernel_weights(*weights))
     act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    launch(gate_up, _realigned(x), w13_3, s13_3, g13, act, swiglu_limit=swiglu_limit)
-    launch(down, act, w2_3, s2_3, g2, out)
+    run_gemm(gate_up, _realigned(x), w13_3, s13_3, g13, act, swiglu_limit=swiglu_limit,
+             check=False)
+    run_gemm(down, act, w2_3, s2_3, g2, out, check=False)
     return out
 
 

@@ -88,14 +88,7 @@ from nvfp4_ops._validate import NVFP4InputError
 from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
 from nvfp4_ops.kernels.kperm import KPERM
-from nvfp4_ops.kernels.linear_cuda import (
-    gate_up_global_view,
-    kernel_weight,
-    launch,
-    memo_views,
-    per_group_global_view,
-    per_row_global_view,
-)
+from nvfp4_ops.kernels.linear_cuda import gated_kernel_weights, memo_views, run_gemm
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
 from nvfp4_ops.kernels.triton.moe_combine import combine, combine_launch
 from nvfp4_ops.kernels.triton.moe_routing import (
@@ -240,15 +233,16 @@ def moe_forward(
     output_scale: float,
     *,
     plan: MoEPlan,
-    gemm: Callable = launch,
+    gemm: Callable = run_gemm,
     pdl: bool = True,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) for ``plan``, with the grouped GEMM passed in as
     ``gemm`` (arguments as :func:`nvfp4_ops.moe`, already validated; ``T >= 1``).
 
     ``gemm(gemm_plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows, row_scale,
-    swiglu_limit)`` follows :func:`nvfp4_ops.kernels.linear_cuda.launch` (arguments in the
-    binaries' form, not checked again: ``w`` / ``w_scale`` as ``kernel_weight`` returns them;
+    swiglu_limit, check)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm` (called with
+    ``check=False``: arguments in the binaries' form, ``w`` / ``w_scale`` as
+    ``kernel_weight`` returns them;
     ``tile_rows``: the routing's real rows per tile; the padding rows' outputs are never
     read, so the GEMM may compute them from any row of the tile); its ``w_global`` is the
     fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
@@ -284,9 +278,9 @@ def moe_forward(
     # the weights as the binaries take them (uint8 scale bytes) and views of the op's global
     # scales: no expansion kernel, no derived state to keep in sync; reused between eager
     # calls with the same weight tensors (memo_views)
+    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = memo_views(
-        "moe", (w13, w13_scale, w13_global, w2, w2_scale, w2_global),
-        lambda: _kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global))
+        "moe", weights, lambda: gated_kernel_weights(*weights))
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
     # the base tile beside it (module docstring, "Two token tiles"); no second check: the op
     # validated the arguments and every buffer here is built for the plan (contiguous; row
@@ -303,26 +297,15 @@ def moe_forward(
     for gate_up, _, rows, tile_expert, tile_rows in tiles:
         gemm(gate_up, _rows(a, rows), w13, w13_scale, w13_rows, _rows(act, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
-             swiglu_limit=swiglu_limit)
+             swiglu_limit=swiglu_limit, check=False)
     for _, down, rows, tile_expert, tile_rows in tiles:
         gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
              tile_expert=tile_expert, tile_rows=tile_rows, row_scale=_rows(row_scale, rows),
-             swiglu_limit=None)
+             swiglu_limit=None, check=False)
     if launches is None:
         return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
     launches.combine(out, float(output_scale))
     return out
-
-
-def _kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global) -> tuple:
-    """The expert weights as both GEMMs' binaries take them (:func:`~nvfp4_ops.kernels.
-    linear_cuda.kernel_weight`) and their global scales as the views ``[E, 2, I]`` /
-    ``[E, 1, H]`` (``[E, H2, N / H2]`` per row)."""
-    inter, hidden_size = w13.shape[1] // 2, w2.shape[1]
-    w2_rows = (per_group_global_view(w2_global, hidden_size) if w2_global.dim() == 1
-               else per_row_global_view(w2_global, hidden_size))
-    return (*kernel_weight(w13, w13_scale), gate_up_global_view(w13_global, inter),
-            *kernel_weight(w2, w2_scale), w2_rows)
 
 
 def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
