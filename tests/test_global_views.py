@@ -347,3 +347,38 @@ def test_grouped_gemm_accepts_every_global_form(epilogue):
     for w_global in forms:
         linear_cuda.run_gemm(_grouped_plan(epilogue), a, w, s, w_global, out,
                              tile_expert=tile_expert, row_scale=torch.ones(0))
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "row_scale"])
+def test_unchecked_launch_passes_what_the_checked_one_does(monkeypatch, epilogue):
+    """``run_gemm(check=False)`` (the ops' path, arguments already in the binaries' form)
+    hands the binary the same ten arguments as the checked path builds from the plain ones."""
+    plan = _grouped_plan(epilogue)
+    calls = []
+    monkeypatch.setattr(linear_cuda, "compiled",
+                        lambda cfg: lambda *args: calls.append(args))
+    rows = 2 * plan.block_m
+    a = torch.randn(rows, 128).to(torch.bfloat16)
+    w = torch.randint(0, 256, (2, 64, 64), dtype=torch.uint8)
+    s = torch.full((2, 64, 8), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    g = _positive(2, 2) if epilogue == "swiglu" else _positive(2)
+    tile_expert = torch.tensor([0, 1], dtype=torch.int32)
+    out = torch.empty(rows, 32 if epilogue == "swiglu" else 64, dtype=torch.bfloat16)
+    row_scale = torch.rand(rows) if epilogue == "row_scale" else None
+    kw = dict(tile_expert=tile_expert, tile_rows=torch.tensor([plan.block_m, 1], dtype=torch.int32),
+              row_scale=row_scale, swiglu_limit=7.0)
+    weights = (w, s, g)
+    if epilogue == "swiglu":
+        w3, s3, gv = linear_cuda.kernel_weight(w, s) + (gate_up_global_view(g, 32),)
+    else:
+        w3, s3, gv = linear_cuda.kernel_weight(w, s) + (linear_cuda.global_rows(g, w),)
+    linear_cuda.run_gemm(plan, a, *weights[:2], gv, out, **kw)
+    linear_cuda.run_gemm(plan, a, w3, s3, gv, out, check=False, **kw)
+    checked, unchecked = calls
+    assert len(checked) == len(unchecked) == 10
+    for x, y in zip(checked, unchecked, strict=True):
+        if isinstance(x, torch.Tensor):
+            assert (x.data_ptr(), x.shape, x.stride(), x.dtype) == (
+                y.data_ptr(), y.shape, y.stride(), y.dtype)
+        else:
+            assert x == y
