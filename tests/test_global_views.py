@@ -184,16 +184,17 @@ def test_moe_passes_views():
     calls = []
 
     def gemm(plan, a, w, w_scale, w_global, out, **_):
-        calls.append((plan.config.epilogue, w_global))
-        out.zero_()
+        calls.append((plan.config.epilogue, w_global, a, out))
 
     ids, weights = random_routing(tokens, experts, top_k, device=device)
     hidden_states = torch.randn(tokens, hidden, device=device).to(torch.bfloat16)
     plan = dispatch.plan_moe(tokens, top_k, experts, hidden, inter, block_m=8)
     moe_forward(hidden_states, ids, weights, w13, s13, g13, w2, s2, g2, 0, None, 1.0,
                 plan=plan, gemm=gemm, pdl=device == "cuda")
-    (epi1, v13), (epi2, v2) = calls
+    (epi1, v13, a1, _), (epi2, v2, _, out2) = calls
     assert epi1 == "swiglu" and epi2 == "row_scale"
+    # one [P, H] buffer per call: GEMM 2 writes over GEMM 1's input
+    assert out2.data_ptr() == a1.data_ptr() and out2.shape == a1.shape
     assert v13.shape == (experts, 2, inter) and v13.stride()[2] == 0
     assert v2.shape == (experts, 1, hidden) and v2.stride()[2] == 0
     assert _shares_storage(v13, g13) and _shares_storage(v2, g2)

@@ -575,7 +575,7 @@ def _poison_reused():
 
     for entry in moe_cuda._reused.values():
         bufs = entry.bufs
-        for t in (bufs.a, bufs.row_scale, bufs.act, bufs.expert_out):
+        for t in (bufs.a, bufs.row_scale, bufs.act):
             t.fill_(float("nan"))
 
 

@@ -630,18 +630,3 @@ def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):
                       plan=stand_in_plan(7, 6, tiny_experts.num_experts, 8, True),
                       gemm=torch_gemm, pdl=False).cpu()
     assert rel_l2(got.float(), want) > 0.1
-
-
-def test_gemm2_writes_over_gemm1_input():
-    """One ``[P, H]`` buffer per call: GEMM 2's output is the gathered rows' memory
-    (``moe_cuda`` module docstring, "Launch overlap", says why that is ordered)."""
-    from nvfp4_ops import get_shape
-    from nvfp4_ops.kernels import dispatch
-    from nvfp4_ops.kernels.moe_cuda import moe_buffers
-
-    s = get_shape("tiny")
-    plan = dispatch.plan_moe(5, s.top_k, s.experts, s.hidden, s.intermediate, block_m=8)
-    bufs = moe_buffers(torch.device("cpu"), plan, 5 * s.top_k, s.experts, s.hidden,
-                       s.intermediate)
-    assert bufs.expert_out is bufs.a and bufs.a.shape == (plan.num_rows, s.hidden)
-    assert bufs.act.data_ptr() != bufs.a.data_ptr()

@@ -108,15 +108,13 @@ class MoEBuffers(NamedTuple):
     """The intermediate buffers of one MoE call (uninitialised; every call writes what it
     reads): the routing's int32 buffers (:func:`~nvfp4_ops.kernels.triton.moe_routing.
     routing_buffers`), the gathered rows ``a bf16 [P, H]``, their router weights ``row_scale
-    f32 [P]``, GEMM 1's output ``act bf16 [P, I]`` and GEMM 2's ``expert_out bf16 [P, H]``,
-    which is ``a`` itself (GEMM 2 writes over GEMM 1's input: module docstring, "Launch
-    overlap")."""
+    f32 [P]`` and GEMM 1's output ``act bf16 [P, I]``. GEMM 2 writes its output over ``a``
+    (module docstring, "Launch overlap")."""
 
     routing: tuple[torch.Tensor, ...]
     a: torch.Tensor
     row_scale: torch.Tensor
     act: torch.Tensor
-    expert_out: torch.Tensor
 
 
 def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts: int,
@@ -125,10 +123,10 @@ def moe_buffers(device: torch.device, plan: MoEPlan, num_slots: int, num_experts
     slots, ``E`` local experts and sizes ``H``, ``I``."""
     rows, bf16 = plan.num_rows, torch.bfloat16
     hot = plan.hot.routing if plan.hot is not None else None
-    a = torch.empty(rows, hidden_size, dtype=bf16, device=device)
-    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m, hot), a,
+    return MoEBuffers(routing_buffers(device, num_slots, num_experts, plan.block_m, hot),
+                      torch.empty(rows, hidden_size, dtype=bf16, device=device),
                       torch.empty(rows, dtype=torch.float32, device=device),
-                      torch.empty(rows, inter, dtype=bf16, device=device), a)
+                      torch.empty(rows, inter, dtype=bf16, device=device))
 
 
 #: Eager calls whose intermediates take at most this many bytes reuse them (per device,
@@ -210,7 +208,7 @@ def _bind_launches(bufs: MoEBuffers, plan: MoEPlan, num_experts: int, hidden: to
     _, gather = gather_launch(hidden, topk_weights, routing, plan.act_order, pdl,
                               (bufs.a, bufs.row_scale))
     num_tokens, top_k = topk_ids.shape
-    combine = combine_launch(bufs.expert_out, routing.slot_row, out, num_tokens, top_k,
+    combine = combine_launch(bufs.a, routing.slot_row, out, num_tokens, top_k,
                              output_scale, pdl)
     # the per-call values, in the order _EagerLaunches documents
     return _EagerLaunches(routing, route.bind("topk_ids_ptr", "expert_start"),
@@ -240,14 +238,13 @@ def moe_forward(
     ``gemm`` (arguments as :func:`nvfp4_ops.moe`, already validated; ``T >= 1``).
 
     ``gemm(gemm_plan, a, w, w_scale, w_global, out, *, tile_expert, tile_rows, row_scale,
-    swiglu_limit, check)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm` (called with
-    ``check=False``: arguments in the binaries' form, ``w`` / ``w_scale`` as
-    ``kernel_weight`` returns them;
-    ``tile_rows``: the routing's real rows per tile; the padding rows' outputs are never
-    read, so the GEMM may compute them from any row of the tile); its ``w_global`` is the
-    fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or ``[E, 1, H]`` of ``w2_global``
-    (GEMM 2). Tests pass a torch
-    stand-in to check the data flow without the CuTeDSL kernels. ``pdl``: launch the Triton
+    swiglu_limit, check)`` follows :func:`nvfp4_ops.kernels.linear_cuda.run_gemm`, called
+    with ``check=False`` (arguments in the binaries' form: ``w`` / ``w_scale`` as
+    ``kernel_weight`` returns them; ``tile_rows``: the routing's real rows per tile, the
+    padding rows' outputs are never read, so the GEMM may compute them from any row of the
+    tile); its ``w_global`` is the fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or
+    ``[E, 1, H]`` of ``w2_global`` (GEMM 2); GEMM 2's ``out`` is GEMM 1's ``a``. Tests pass a
+    torch stand-in to check the data flow without the CuTeDSL kernels. ``pdl``: launch the Triton
     kernels with launch overlap (CUDA tensors only; the GEMMs' launch mode is their plan's).
     """
     num_tokens, hidden_size = hidden.shape
@@ -286,7 +283,7 @@ def moe_forward(
     # validated the arguments and every buffer here is built for the plan (contiguous; row
     # slices start at a multiple of block_m rows, so stay 16-byte aligned). With one tile the
     # base tiles cover the whole buffer: no views (each costs host time on an eager call).
-    act, expert_out = bufs.act, bufs.expert_out
+    act, expert_out = bufs.act, a  # GEMM 2 writes over GEMM 1's input (module docstring)
     if hot is None:
         tiles = [(plan.gate_up, plan.down, None, routing.tile_expert, routing.tile_rows)]
     else:
