@@ -51,6 +51,18 @@ def variant_plans(plan, args):
     """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's WGMMA tile shape
     replaced (``row_wgs`` x ``stages`` from ``args``); the planned shape itself is left out."""
     out = []
+    if plan.gate_up.family == plan.down.family == "wgmma":
+        for row_wgs in args.row_wgs:  # both GEMMs at one row_wgs, rings as planned
+            try:
+                pair = [dataclasses.replace(getattr(plan, w).config, row_wgs=row_wgs)
+                        for w in ("gate_up", "down")]
+            except ValueError:
+                continue
+            if pair[0].name == plan.gate_up.config.name:
+                continue
+            out.append(("both", f"r{row_wgs}", dataclasses.replace(
+                plan, gate_up=dataclasses.replace(plan.gate_up, config=pair[0]),
+                down=dataclasses.replace(plan.down, config=pair[1]))))
     for which in ("gate_up", "down"):
         gemm = getattr(plan, which)
         if gemm.family != "wgmma":
@@ -71,17 +83,22 @@ def variant_plans(plan, args):
 
 def time_variants(plan, call, base_us: float, args, flush) -> None:
     """Time the whole op at each :func:`variant_plans` of ``plan`` and print the µs of each
-    against the planned shapes' ``base_us``."""
+    against the planned shapes' ``base_us`` (and ``DIFF n`` where its output is not bitwise
+    the planned one's)."""
     lines: dict[str, list[str]] = {}
+    expected = call()
     for which, label, variant in variant_plans(plan, args):
         fn = functools.partial(call.func, *call.args, **{**call.keywords, "plan": variant})
         try:
+            # the tile shape changes no output element's summation order: bitwise equal
+            diff = int((fn() != expected).sum())
             us = time_one_call(fn, args.reps, flush)
-            lines.setdefault(which, []).append(f"{label} {us:8.1f} ({us / base_us:4.2f})")
+            lines.setdefault(which, []).append(
+                f"{label} {us:8.1f} ({us / base_us:4.2f}){f' DIFF {diff}' if diff else ''}")
         except Exception as exc:  # noqa: BLE001 - report and go on
             lines.setdefault(which, []).append(f"{label}: {type(exc).__name__}")
     for which, line in lines.items():
-        gemm = getattr(plan, which).config
+        gemm = getattr(plan, "gate_up" if which == "both" else which).config
         print(f"    bm {plan.block_m} {which} planned r{gemm.row_wgs}st{gemm.num_stages} "
               f"{base_us:8.1f}: " + "  ".join(line), flush=True)
 

@@ -150,6 +150,7 @@ __all__ = [
     "BLOCK_K",
     "BLOCK_MS",
     "EPILOGUES",
+    "VERIFIED_GROUPED",
     "VERIFIED_MULTI",
     "W4A16WgmmaGemm",
     "WgmmaConfig",
@@ -169,6 +170,9 @@ SMEM_BUDGET = 227 * 1024 - 1024
 #: other such tiles are refused: a wrong register split there can hang the GPU.
 VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), (256, 1, 2),
                             (64, 1, 2), (128, 3, 1)})
+#: grouped (MoE) ``(block_m, row_wgs, split_k)`` tiles of more than two consumer warpgroups
+#: that ran exact on an H200 (bitwise the two-warpgroup tile's outputs)
+VERIFIED_GROUPED = frozenset({(64, 4, 1), (128, 4, 1)})
 
 
 @dataclass(frozen=True)
@@ -245,11 +249,11 @@ class WgmmaConfig(GemmProblem):
             raise ValueError("row_wgs=3 is for dense problems without split_k, block_m <= 128")
         if self.consumers > 4:
             raise ValueError(f"at most 4 consumer warpgroups, got {self.consumers}")
+        verified = VERIFIED_GROUPED if self.grouped else VERIFIED_MULTI
         if ((self.split_k > 1 or self.consumers > 2)
-                and (self.grouped or (self.block_m, self.row_wgs, self.split_k)
-                     not in VERIFIED_MULTI)):
+                and (self.block_m, self.row_wgs, self.split_k) not in verified):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
-                             "validated on a GPU (w4a16_wgmma.VERIFIED_MULTI)")
+                             "validated on a GPU (w4a16_wgmma.VERIFIED_MULTI, VERIFIED_GROUPED)")
         if self.wperm and not (self.kperm or self.wfrag):
             raise ValueError("wperm needs kperm or wfrag (only the pair4 decode paths read it)")
         if self.wfrag and self.kperm:
