@@ -8,6 +8,8 @@ Every test runs the real CUDA path: the module fixture checks that the op dispat
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -198,6 +200,45 @@ def test_flexible_width_tiles_every_width(flash, block_m, hot):
     want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"flex bm={block_m} hot={hot}")
     assert torch.equal(got, run(False)), "flexible width differs from whole width"
+
+
+@pytest.mark.parametrize("shape_name,ep", [("v4-flash", 1), ("v4-pro", 1), ("v4-pro", 8)])
+def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
+    """The 128-row grouped tile the dispatch runs with four row warpgroups
+    (``dispatch.GROUPED_ROW_WGS``) gives the reference's output and bitwise the output of the
+    same plan with two (each output element sums the same products in the same order), for
+    experts ending in every width class; V4-Pro as one EP 8 rank too (48 local experts of
+    384, global ids, 7/8 of the slots elsewhere)."""
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.testing import ep_slice, fast_random_experts
+
+    shape = nvfp4_ops.get_shape(shape_name)
+    start, local = ep_slice(shape.experts, ep)
+    experts = fast_random_experts(local, shape.hidden, shape.intermediate, device="cuda",
+                                  first_expert=start, seed=7)
+    num_tokens = 512
+    counts = [1, 31, 32, 33, 64, 65, 96, 97, 127, 128, 129, 200]
+    ids = _routing_with_counts(counts, num_tokens, shape.experts, shape.top_k)
+    ids = ((ids + start) % shape.experts).to(torch.int32).cuda()  # the counts on local experts
+    weights = torch.rand(num_tokens, shape.top_k, device="cuda")
+    hidden = _hidden(num_tokens, shape.hidden)
+    plan = dispatch.plan_moe(num_tokens, shape.top_k, local, shape.hidden,
+                             shape.intermediate, global_num_experts=shape.experts,
+                             block_m=128, hot=False)
+    assert {plan.gate_up.config.row_wgs, plan.down.config.row_wgs} == {4}, plan
+    two = dataclasses.replace(plan, **{
+        g: dataclasses.replace(getattr(plan, g), config=dataclasses.replace(
+            getattr(plan, g).config, row_wgs=2)) for g in ("gate_up", "down")})
+
+    def run(p):
+        _poison_allocator(8 * p.num_rows * (shape.hidden + shape.intermediate))
+        return moe_cuda.moe_forward(hidden, ids, weights, *experts.args(), start,
+                                    shape.swiglu_limit, 1.5, plan=p)
+
+    got = run(plan)
+    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"{shape_name} ep{ep} four row warpgroups")
+    assert torch.equal(got, run(two)), "four row warpgroups differ from two"
 
 
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):

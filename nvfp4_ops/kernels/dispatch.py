@@ -52,6 +52,7 @@ from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, pa
 
 __all__ = [
     "BLOCK_MS",
+    "GROUPED_ROW_WGS",
     "MOE_TILE_COST",
     "GemmPlan",
     "HotPlan",
@@ -123,6 +124,13 @@ DENSE_TILES = {
 #: grouped ``(block_m, epilogue)`` -> ring stages of the one-row-warpgroup WGMMA tile
 GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 5,
                        (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
+#: grouped WGMMA tiles of more than two row warpgroups: ``block_m -> row_wgs`` (others take
+#: two). A 128-row tile holds one CTA per SM (its accumulators need ``setmaxnreg``), so four
+#: row warpgroups double the decoding warps per SM and halve the activation reads per weight:
+#: the whole MoE op 0.78-0.87x the time of two at the same tile, bitwise the same outputs; at
+#: 64 rows (two CTAs per SM already) 0.91-1.04x, so it keeps two (DESIGN.md section 8, "Row
+#: warpgroups of the grouped tiles")
+GROUPED_ROW_WGS = {128: 4}
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
 DENSE_MAX_M_TILES = 16
@@ -134,7 +142,7 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
 MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
-#: MoE: the width granularity of each grouped WGMMA tile of two row warpgroups: a CTA runs
+#: MoE: the width granularity of each grouped WGMMA tile of several row warpgroups: a CTA runs
 #: its tile only as wide as its real rows need, rounded up to a multiple of this
 #: (``WgmmaConfig.flex``; DESIGN.md section 8, "Flexible width")
 MOE_FLEX = {64: 32, 128: 32, 256: 64}
@@ -435,8 +443,9 @@ def _mma_fields(n, k, block_m, epilogue) -> dict:
 
 def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     """Tile of the WGMMA kernel. Grouped 16/32: one row warpgroup and the ring of
-    :data:`GROUPED_SMALL_TILES`. Other grouped problems and dense tiles below 128 (or without a
-    tile count): two row warpgroups sharing each activation tile when N allows, else one.
+    :data:`GROUPED_SMALL_TILES`; other grouped tiles: :data:`GROUPED_ROW_WGS` row warpgroups
+    (two by default) sharing each activation tile when N allows. Other grouped problems and
+    dense tiles below 128 (or without a tile count): two row warpgroups when N allows, else one.
     Dense 128/256 with a tile count: the :data:`DENSE_TILES` shape with the least estimated
     time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput`` (whole waves of one CTA per SM;
     ties to the first entry)."""
@@ -444,6 +453,9 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     per_wg = 32 if epilogue == "swiglu" else 64
     if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
         return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue])
+    row_wgs = GROUPED_ROW_WGS.get(block_m, 2) if grouped else 2
+    if grouped and n_out % (per_wg * row_wgs) == 0:
+        return dict(row_wgs=row_wgs, split_k=1, stages=0)
     if not (grouped or m_tiles is None or block_m not in DENSE_TILES):
         m_tiles = max(1, min(m_tiles, DENSE_MAX_M_TILES))
         best, best_time = None, 0.0
@@ -523,8 +535,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         permuted: (grouped) activations in the permuted order of the family serving the tile.
         chained: (grouped) the launch is a GEMM of the MoE chain, so kernels that can overlap
             the previous kernel's tail (launch overlap) do.
-        flex: (grouped) tiles of two row warpgroups run each CTA only as wide as its real
-            rows need (:data:`MOE_FLEX`).
+        flex: (grouped) tiles of two or more row warpgroups run each CTA only as wide as its
+            real rows need (:data:`MOE_FLEX`).
         order: how the weights are stored; WFRAG is for dense problems, WPERM needs
             ``permuted``.
 
@@ -573,7 +585,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
                                    None if permuted else m_tiles)
             if grouped and permuted:
                 flags["pdl"] = chained
-            if grouped and flex and fields["row_wgs"] == 2 and block_m in MOE_FLEX:
+            if grouped and flex and fields["row_wgs"] >= 2 and block_m in MOE_FLEX:
                 flags["flex"] = MOE_FLEX[block_m]
     if permuted:
         flags["kperm"] = True
