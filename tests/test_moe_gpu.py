@@ -208,7 +208,7 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
     (``dispatch.GROUPED_ROW_WGS``) gives the reference's output and bitwise the output of the
     same plan with two (each output element sums the same products in the same order), for
     experts ending in every width class; V4-Pro as one EP 8 rank too (48 local experts of
-    384, global ids, 7/8 of the slots elsewhere)."""
+    384, global ids, two thirds of the slots on other ranks' experts)."""
     from nvfp4_ops.kernels import dispatch, moe_cuda
     from nvfp4_ops.testing import ep_slice, fast_random_experts
 
@@ -219,7 +219,9 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
     num_tokens = 512
     counts = [1, 31, 32, 33, 64, 65, 96, 97, 127, 128, 129, 200]
     ids = _routing_with_counts(counts, num_tokens, shape.experts, shape.top_k)
-    ids = ((ids + start) % shape.experts).to(torch.int32).cuda()  # the counts on local experts
+    # the counted experts are the rank's first ones; under EP the others belong to other ranks
+    ids = torch.where(ids < len(counts), ids + start, (ids + start + local) % shape.experts)
+    ids = ids.to(torch.int32).cuda()
     weights = torch.rand(num_tokens, shape.top_k, device="cuda")
     hidden = _hidden(num_tokens, shape.hidden)
     plan = dispatch.plan_moe(num_tokens, shape.top_k, local, shape.hidden,

@@ -30,7 +30,8 @@ MoE activation order   both grouped GEMMs read a permuted k order (``pair`` for 
                        families have one; the gather and GEMM 1's epilogue then write it.
 tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fields`,
                        :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
-                       :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`).
+                       :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`,
+                       grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`).
 =====================  ===========================================================================
 
 Nothing here reads a device: the SM count is the constant :data:`NUM_SMS` (H100/H200 SXM), so
