@@ -32,6 +32,21 @@ def test_entry_point_is_discoverable():
     assert eps[0].load() is plugin.register
 
 
+@pytest.mark.parametrize("value", ["bogus", "2", "enabled"])
+def test_bad_switch_value_is_refused_by_name(monkeypatch, value):
+    """``NVFP4_OPS_VLLM`` takes the package's boolean spellings only: anything else stops the
+    plugin with an error naming the variable and the value, never a silent "off"."""
+    from model_glue import plugin
+    from nvfp4_ops._env import NVFP4EnvError
+
+    monkeypatch.setenv("NVFP4_OPS_VLLM", value)
+    with pytest.raises(NVFP4EnvError, match=rf"NVFP4_OPS_VLLM must be one of .*got '{value}'"):
+        plugin.enabled()
+    monkeypatch.setattr(plugin, "_installed", None)  # as in a fresh process
+    with pytest.raises(NVFP4EnvError, match="NVFP4_OPS_VLLM"):
+        plugin.register()
+
+
 def _run(code: str, env_switch: str | None, tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "NVFP4_OPS_VLLM"}
     if env_switch is not None:
