@@ -88,6 +88,27 @@ def _experts(gen, device):
     return [torch.stack(t).contiguous() for t in (w13, s13, g13, w2, s2, g2)]
 
 
+def test_prepare_moe_refuses_before_touching_anything():
+    """A NaN block scale, a non-positive global scale or weights that cannot be reordered in
+    place (not contiguous) stop ``prepare_moe`` with an error naming the layer and the tensor,
+    before any code is permuted."""
+    from nvfp4_ops.testing import fast_random_experts
+
+    w13, s13, g13, w2, s2, g2 = fast_random_experts(2, 256, 128).args()
+    before = [w13.clone(), w2.clone()]
+    bad = s13.clone()
+    bad.view(torch.uint8)[1, 5, 3] = 0x7F  # an e4m3 NaN
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match=r"layers\.7\.ffn.*w13_scale"):
+        prepare_moe(w13, bad, g13, w2, s2, g2, wperm=True, where="layers.7.ffn.experts")
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match="w2_global"):
+        prepare_moe(w13, s13, g13, w2, s2, torch.zeros_like(g2), wperm=True)
+    strided = torch.empty(2, 256, 128, dtype=torch.uint8)[:, :, :64]
+    strided.copy_(w2)
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match="w2 must be contiguous"):
+        prepare_moe(w13, s13, g13, strided, s2, g2, wperm=True)
+    assert torch.equal(w13, before[0]) and torch.equal(w2, before[1])
+
+
 def _routing(num_tokens, device, gen):
     ids, weights = random_routing(num_tokens, E, TOPK)
     x = torch.randn(num_tokens, H, generator=gen).to(torch.bfloat16)
