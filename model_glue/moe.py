@@ -313,8 +313,9 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
         block13, global13, block2, global2, self.wperm = prepare_mxfp4_moe(
             layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
             layer.w2_weight_scale.data, wperm=self._wperm_wanted(),
-            where=f"{where} (w13_weight_scale [E, 2I, H/32]: rows 0..{inter - 1} = w1, "
-                  f"{inter}.. = w3; w2_weight_scale [E, H, I/32])")
+            where=f"{where} ({_env.MXFP4}=0 keeps vLLM's MXFP4 method)",
+            names=(f"w13_weight_scale [E, 2I, H/32] (rows 0..{inter - 1} = w1, {inter}.. = w3)",
+                   "w2_weight_scale [E, H, I/32]"))
         # Replacing the parameters drops the last references to the e8m0 bytes.
         for stem, block, global_scale in (("w13", block13, global13), ("w2", block2, global2)):
             delattr(layer, f"{stem}_weight_scale")

@@ -128,7 +128,7 @@ def prepare_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w13_global: torch.Te
 
 def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                       w2_scale: torch.Tensor, *, wperm: bool | None = None,
-                      where: str = "nvfp4.moe"):
+                      where: str = "nvfp4.moe", names: tuple[str, str] = ("w13", "w2")):
     """Prepare one MoE layer's MXFP4 experts (e2m1 codes, one UE8M0 scale per 32 k) for
     :func:`nvfp4_ops.moe`: the scales converted exactly to NVFP4's (e4m3 per 16 and one fp32
     global scale per row; the codes are NVFP4's already and stay in place), then
@@ -139,6 +139,8 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             ``float8_e8m0fnu``) ``[E, 2I, H/32]``; w2: ``uint8 [E, H, I/2]``; w2_scale:
             ``[E, H, I/32]``.
         wperm, where: as :func:`prepare_moe`.
+        names: how a conversion error names the two scale tensors (after ``where``), e.g.
+            the parameter names of the caller's module.
 
     Returns:
         ``(w13_scale e4m3 [E, 2I, H/16], w13_global f32 [E, 2I], w2_scale e4m3 [E, H, I/16],
@@ -150,7 +152,7 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             cannot hold exactly; named with ``where``, the tensor, the row and the block) and
             :func:`prepare_moe`.
     """
-    s13, g13 = mxfp4_to_nvfp4(w13, w13_scale, name=f"{where}: w13")
-    s2, g2 = mxfp4_to_nvfp4(w2, w2_scale, name=f"{where}: w2")
+    s13, g13 = mxfp4_to_nvfp4(w13, w13_scale, name=f"{where}: {names[0]}")
+    s2, g2 = mxfp4_to_nvfp4(w2, w2_scale, name=f"{where}: {names[1]}")
     flag = prepare_moe(w13, s13, g13, w2, s2, g2, wperm=wperm, where=where)
     return s13, g13, s2, g2, flag

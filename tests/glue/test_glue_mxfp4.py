@@ -225,8 +225,8 @@ def test_expert_parallel_rank_uses_only_its_experts(processed):
 
 def test_unrepresentable_tensor_is_refused_at_load(vllm_cpu, tmp_path):
     """A w2 row whose non-zero blocks span 19 binades cannot be held by one fp32 scale per
-    row: post-load processing stops with an error naming the layer, the tensor, the row
-    (local expert, row) and the block."""
+    row: post-load processing stops with an error naming the layer, that tensor (only), the
+    row (local expert, row), the block and the switch that keeps vLLM's method."""
     import nvfp4_ops
 
     ckpt = Checkpoint("mxfp4", seed=31)
@@ -241,7 +241,9 @@ def test_unrepresentable_tensor_is_refused_at_load(vllm_cpu, tmp_path):
             process(eng)
     msg = str(info.value)
     assert "model.layers.1.ffn" in msg and "w2_weight_scale" in msg, msg
+    assert "w13_weight_scale" not in msg, f"names the other tensor too: {msg}"
     assert "row [5, 7]" in msg and "block 0" in msg and "span exponents" in msg, msg
+    assert "NVFP4_OPS_MXFP4=0" in msg, f"says nothing of the way out: {msg}"
 
 
 def test_missing_scale_tensor_is_refused_at_load(vllm_cpu, tmp_path):
