@@ -235,8 +235,11 @@ def test_flexible_width_cost():
 
 
 def test_flexible_width_in_the_moe_plan():
-    """The op's plan runs its 64-256-row tiles (two row warpgroups) at flexible width, hot
-    tile included; the 8-32 tiles, ``flex=False`` plans and dense GEMMs never do."""
+    """The op's plan runs its 64-256-row tiles (two or more row warpgroups) at flexible
+    width, hot tile included, and its 128-row tiles with four row warpgroups
+    (``GROUPED_ROW_WGS``); the 8-32 tiles, ``flex=False`` plans and dense GEMMs never run
+    flexible widths."""
+    seen = set()
     for t in (1, 128, 512, 1024, 2048, 4096, 16384):
         for flex in (True, False):
             plan = D.plan_moe(t, 6, 384, 7168, 3072, flex=flex)
@@ -247,6 +250,10 @@ def test_flexible_width_in_the_moe_plan():
             for bm, g in gemms:
                 want = D.MOE_FLEX.get(bm, 0) if flex else 0
                 assert getattr(g.config, "flex", 0) == want, (t, flex, bm)
+                if bm >= 64:
+                    assert g.config.row_wgs == D.GROUPED_ROW_WGS.get(bm, 2), (t, bm)
+                    seen.add((bm, g.config.row_wgs))
+    assert {(128, 4), (256, 2), (64, 2)} <= seen, seen
     assert D.plan_moe(4096, 6, 384, 7168, 3072).block_m == 128
     assert D.plan_moe(4096, 6, 384, 7168, 3072, flex=False).block_m == 64
     assert not D.plan_gemm(7168, 18432, 128, m_tiles=4).config.flex
