@@ -16,6 +16,8 @@
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
+#   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
+#             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
 # `timeout -s KILL` (a hung kernel must not eat the
 # call); the last lines of each go to stdout, the whole log to $OUT. NVFP4_OPS_COMMIT names
@@ -79,6 +81,11 @@ for part in "$@"; do
       timeout -s KILL 540 python3 benchmarks/bench_moe.py --shapes "$shape" --format nvfp4 mxfp4 \
         --check --time-limit 480 --out-dir "$out" >"$out/bench_moe_$shape.log" 2>&1
       echo "== bench_moe $shape rc=$?"; tail -45 "$out/bench_moe_$shape.log" ;;
+    tiles)
+      timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
+        --tokens 512 1024 2048 4096 16384 --routing uniform skew --ep 1 --reps 10 \
+        --jobs "$jobs" --time-limit 420 >"$out/moe_tiles.log" 2>&1
+      echo "== tiles rc=$?"; grep -E "^(v4|shape)" "$out/moe_tiles.log" | cut -c1-220 ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "== $part took $(( $(date +%s) - start )) s"
