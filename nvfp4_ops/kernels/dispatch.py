@@ -444,9 +444,9 @@ def _mma_fields(n, k, block_m, epilogue) -> dict:
 
 def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     """Tile of the WGMMA kernel. Grouped 16/32: one row warpgroup and the ring of
-    :data:`GROUPED_SMALL_TILES`; other grouped tiles: :data:`GROUPED_ROW_WGS` row warpgroups
-    (two by default) sharing each activation tile when N allows. Other grouped problems and
-    dense tiles below 128 (or without a tile count): two row warpgroups when N allows, else one.
+    :data:`GROUPED_SMALL_TILES`. Other grouped tiles: :data:`GROUPED_ROW_WGS` row warpgroups
+    (two by default) sharing each activation tile; dense tiles below 128 (or without a tile
+    count): two; each falling back to two, then one, where N does not divide.
     Dense 128/256 with a tile count: the :data:`DENSE_TILES` shape with the least estimated
     time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput`` (whole waves of one CTA per SM;
     ties to the first entry)."""
@@ -454,9 +454,6 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     per_wg = 32 if epilogue == "swiglu" else 64
     if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
         return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue])
-    row_wgs = GROUPED_ROW_WGS.get(block_m, 2) if grouped else 2
-    if grouped and n_out % (per_wg * row_wgs) == 0:
-        return dict(row_wgs=row_wgs, split_k=1, stages=0)
     if not (grouped or m_tiles is None or block_m not in DENSE_TILES):
         m_tiles = max(1, min(m_tiles, DENSE_MAX_M_TILES))
         best, best_time = None, 0.0
@@ -476,7 +473,10 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
                 best, best_time = (row_wgs, split_k), est
         if best is not None:
             return dict(row_wgs=best[0], split_k=best[1], stages=0)
-    return dict(row_wgs=2 if n_out % (2 * per_wg) == 0 else 1, split_k=1, stages=0)
+    # the most row warpgroups (of the preferred count, two, one) that divide N
+    preferred = GROUPED_ROW_WGS.get(block_m, 2) if grouped else 2
+    row_wgs = next(r for r in (preferred, 2, 1) if n_out % (per_wg * r) == 0 or r == 1)
+    return dict(row_wgs=row_wgs, split_k=1, stages=0)
 
 
 def _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family) -> dict | None:
