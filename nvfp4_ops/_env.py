@@ -42,6 +42,10 @@ Variable                                   Accepted values (default first)
 ``NVFP4_OPS_MXFP4``                        boolean, default on: the glue runs DeepSeek's
                                            MXFP4 routed experts on ``nvfp4::moe`` (off:
                                            vLLM's own MXFP4 method)
+``NVFP4_OPS_MXFP4_SCALES``                 ``convert`` | ``native``: MXFP4 scales prepared
+                                           as NVFP4's (e4m3 per 16 k) or kept as UE8M0 per
+                                           32 k, which the MoE kernels read natively
+                                           (:func:`nvfp4_ops.prepare_mxfp4_moe`)
 =========================================  ================================================
 
 This module imports nothing of the package (every layer may use it).
@@ -59,6 +63,7 @@ __all__ = [
     "DISK_CACHE",
     "MOE_WPERM",
     "MXFP4",
+    "MXFP4_SCALES",
     "NO_COMPILE_AFTER_WARMUP",
     "NVFP4EnvError",
     "STREAMK_COUNTERS",
@@ -68,6 +73,7 @@ __all__ = [
     "backend",
     "choice",
     "flag",
+    "mxfp4_native",
     "path",
 ]
 
@@ -81,6 +87,7 @@ VLLM = "NVFP4_OPS_VLLM"
 MOE_WPERM = "NVFP4_OPS_MOE_WPERM"
 DENSE_WFRAG = "NVFP4_OPS_DENSE_WFRAG"
 MXFP4 = "NVFP4_OPS_MXFP4"
+MXFP4_SCALES = "NVFP4_OPS_MXFP4_SCALES"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -204,3 +211,14 @@ def backend() -> str:
         NVFP4EnvError: any other value.
     """
     return choice(BACKEND, ("auto", "reference"), "auto")
+
+
+def mxfp4_native() -> bool:
+    """``NVFP4_OPS_MXFP4_SCALES``: False for ``convert`` (the default: MXFP4 scales prepared as
+    NVFP4's), True for ``native`` (kept as UE8M0 per 32 k, read by the MoE kernels as they
+    are).
+
+    Raises:
+        NVFP4EnvError: any other value.
+    """
+    return choice(MXFP4_SCALES, ("convert", "native"), "convert") == "native"

@@ -49,19 +49,24 @@ class MLPLayer:
 @dataclass(frozen=True)
 class MoELayer:
     """An ``nvfp4::moe`` over ``experts`` local experts of ``(hidden, inter)``, top-``top_k``;
-    ``wperm``: weights prepared by ``to_wperm_``."""
+    ``wperm``: weights prepared by ``to_wperm_``; ``mx``: MXFP4 scales in the kernels' form
+    (``float8_e8m0fnu``, :func:`nvfp4_ops.mxfp4_kernel_scales`)."""
 
     experts: int
     hidden: int
     inter: int
     top_k: int
     wperm: bool = False
+    mx: bool = False
 
 
 def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> list:
     """The layers of the named shapes in every weight order the glue may prepare: the shared
     expert (checkpoint order and ``wfrag``) and, with ``include_moe``, the routed experts
-    (checkpoint order, and ``wperm`` where the MoE kernels read it)."""
+    (checkpoint order, and ``wperm`` where the MoE kernels read it; with
+    ``NVFP4_OPS_MXFP4_SCALES=native`` also ``wperm`` with MXFP4 scales, as the glue prepares
+    DeepSeek's own checkpoints then)."""
+    from nvfp4_ops import _env
     from nvfp4_ops.shapes import get_shape
 
     layers: list = []
@@ -72,6 +77,9 @@ def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> lis
         if include_moe:
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k))
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k, wperm=True))
+            if _env.mxfp4_native():
+                layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k,
+                                       wperm=True, mx=True))
     return layers
 
 
@@ -88,8 +96,10 @@ def plans_for(layers: Sequence) -> list:
         if isinstance(layer, MoELayer):
             if layer.wperm and not dispatch.moe_wperm_supported(layer.hidden, layer.inter):
                 continue  # the op refuses these weights; nothing to warm
+            if layer.mx and not dispatch.moe_mx_supported(layer.hidden, layer.inter):
+                continue  # likewise
             moes.append((layer.hidden, layer.inter,
-                         order(layer.wperm, dispatch.WeightOrder.WPERM)))
+                         order(layer.wperm, dispatch.WeightOrder.WPERM), layer.mx))
     return dispatch.reachable_plans(
         linears=[(x.n, x.k, x.has_bias, order(x.wfrag, wf)) for x in layers
                  if isinstance(x, LinearLayer)],

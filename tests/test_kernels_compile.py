@@ -94,3 +94,51 @@ def test_bad_configs_rejected():
         w4a16_gemm.GemmConfig(4096, 4096, block_m=24)
     with pytest.raises(ValueError):
         w4a16_gemm.GemmConfig(4096, 4096, epilogue="swiglu", has_bias=True)
+
+
+#: the MoE's MXFP4 variants (UE8M0 scales per 32 k, ``mx``): every plan of both shapes on
+#: ``wperm`` weights, as the glue prepares DeepSeek's checkpoints with
+#: ``NVFP4_OPS_MXFP4_SCALES=native``
+MX_PLANS = _warmup.plans_for([
+    _warmup.MoELayer(s.experts, s.hidden, s.intermediate, s.top_k, wperm=True, mx=True)
+    for s in (nvfp4_shape("v4-flash"), nvfp4_shape("v4-pro"))])
+
+
+def test_mx_variants_mirror_the_nvfp4_ones():
+    """One mx twin per grouped wperm plan, nothing else changed in the name."""
+    grouped_wperm = {p.config.name for p in PLANS if p.config.grouped
+                     and p.weight_order is dispatch.WeightOrder.WPERM}
+    mx_names = {p.config.name for p in MX_PLANS}
+    assert all(p.config.mx for p in MX_PLANS) and len(mx_names) == len(MX_PLANS)
+    assert mx_names == {n.replace("_sm_90a", "_mx_sm_90a") for n in grouped_wperm}
+
+
+@pytest.mark.parametrize("plan", MX_PLANS, ids=lambda p: p.config.name)
+def test_mx_variant_compiles_for_sm90a(plan, tmp_path):
+    cfg = plan.config
+    compiled = linear_cuda.compile_function(cfg)(cfg)
+    path = tmp_path / f"{cfg.name}.o"
+    compiled.export_to_c(str(path), function_name=cfg.name)
+    assert path.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("block_m", [8, 32, 128])
+def test_mx_ptx_reads_one_ue8m0_byte_per_32_k(block_m, tmp_path):
+    """The mx twin of a V4-Flash gate/up GEMM reads UE8M0 bytes (a ``mad`` per scale into
+    the decoders' bf16x2 form) and has no e4m3 conversion left; the streamed tile copies
+    ``kc / 32`` scale bytes per row and stage instead of ``kc / 16``."""
+    from nvfp4_ops.testing import kernel_ptx
+
+    plans = {p.config.mx: p for p in (*PLANS, *MX_PLANS)
+             if p.config.grouped and p.block_m == block_m and p.config.n == 4096
+             and p.config.k == 4096 and p.weight_order is dispatch.WeightOrder.WPERM
+             and not getattr(p.config, "sibling", False) and not getattr(p.config, "ctas", 0)}
+    ptx = {mx: kernel_ptx(plans[mx].config, tmp_path / str(mx)) for mx in (False, True)}
+    assert "e4m3x2" in ptx[False] and "e4m3x2" not in ptx[True]
+    bias = "0x3b803b80"  # fp4_ptx: (b + 119) << 7 in both bf16 halves
+    assert bias not in ptx[False].lower() and bias in ptx[True].lower()
+    if block_m == 8:
+        kc = plans[True].config.kc
+        for mx, nbytes in ((False, kc // 16), (True, kc // 32)):
+            copies = [line for line in ptx[mx].splitlines() if "cp.async.bulk.shared" in line]
+            assert any(f", {nbytes}, [" in line for line in copies), (mx, copies)

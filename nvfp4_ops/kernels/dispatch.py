@@ -68,6 +68,7 @@ __all__ = [
     "moe_supported",
     "moe_act_orders",
     "moe_hot_class",
+    "moe_mx_supported",
     "moe_wperm_supported",
     "plan_gemm",
     "plan_linear",
@@ -400,10 +401,21 @@ def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
                for bm in BLOCK_MS)
 
 
-def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles) -> dict:
+@functools.cache
+def moe_mx_supported(hidden_size: int, inter: int) -> bool:
+    """Whether the MoE kernels read MXFP4 scales (one UE8M0 byte per 32 k) at every token tile
+    for these sizes: both GEMMs on a family with a permuted activation order at every tile
+    (as :func:`moe_wperm_supported`), and ``H``, ``I`` multiples of 512 (the streamed tile's
+    stages of 512 k or more). V4-Flash and V4-Pro: yes."""
+    return (moe_wperm_supported(hidden_size, inter) and hidden_size % 512 == 0
+            and inter % 512 == 0)
+
+
+def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM;
-    smaller chunks when K is not a multiple of the preferred one."""
+    smaller chunks when K is not a multiple of the preferred one (with ``mx`` scales, at
+    least 512 k: a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
@@ -419,8 +431,11 @@ def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles) -> dict:
         prefs = [(4, 2, 4)]
     prefs += [(2, 2, 3), (2, 1, 4)]  # 512-k, then 256-k chunks (K is a multiple of 256)
     for warps_k, steps, stages in prefs:
-        if k % (128 * warps_k * steps) == 0:
+        kc = 128 * warps_k * steps
+        if k % kc == 0 and not (mx and kc < 512):
             return dict(row_groups=1, warps_k=warps_k, steps=steps, stages=stages, ctas=ctas)
+    if mx:
+        raise ValueError(f"no streamed tile reads MXFP4 scales at K={k} (needs K % 512 == 0)")
     raise AssertionError("unreachable: K % 256 == 0")
 
 
@@ -523,7 +538,7 @@ def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
 def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias: bool = False,
               grouped: bool = False, m_tiles: int | None = None, permuted: bool = False,
               chained: bool = False, flex: bool = False,
-              order: WeightOrder = WeightOrder.CHECKPOINT) -> GemmPlan:
+              order: WeightOrder = WeightOrder.CHECKPOINT, mx: bool = False) -> GemmPlan:
     """The plan of one W4A16 GEMM (``N`` weight rows, reduction ``K``, token tile
     ``block_m``).
 
@@ -540,6 +555,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
             real rows need (:data:`MOE_FLEX`).
         order: how the weights are stored; WFRAG is for dense problems, WPERM needs
             ``permuted``.
+        mx: (grouped, ``permuted``) MXFP4 block scales, one UE8M0 byte per 32 k.
 
     Raises:
         ValueError: no family covers a grouped problem at ``block_m`` (the routing's padding
@@ -555,6 +571,9 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
                          and _covers(family, n_out, k, block_m)):
         raise ValueError(f"no kernel reads k-permuted activations for N={n}, K={k}, "
                          f"block_m={block_m}, grouped={grouped}")
+    if mx and not (grouped and permuted):
+        raise ValueError("MXFP4 scales (mx) are read by the grouped kernels with permuted "
+                         "activations only")
     if not _covers(family, n_out, k, block_m):
         family = _MMA
         if block_m not in w4a16_gemm.BLOCK_MS:
@@ -574,7 +593,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
     if fields is None:
         if family == _STREAM:
             fields = _stream_fields(n, k, block_m, epilogue, grouped,
-                                    m_tiles if grouped else None)
+                                    m_tiles if grouped else None, mx)
             if grouped:
                 flags["pdl"] = chained
             elif wfrag:
@@ -590,6 +609,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
                 flags["flex"] = MOE_FLEX[block_m]
     if permuted:
         flags["kperm"] = True
+    if mx:
+        flags["mx"] = True
     act_order = _PERMUTED_ORDER[family] if permuted else NATURAL
     if order.wperm_bits:
         if not (family == _STREAM or wfrag or permuted):
@@ -656,7 +677,8 @@ def plan_mlp(hidden_size: int, inter: int, num_tokens: int, *,
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, *,
              global_num_experts: int = -1, order: WeightOrder = WeightOrder.CHECKPOINT,
              block_m: int | None = None, permuted: bool | None = None,
-             chained: bool = True, hot: bool = True, flex: bool = True) -> MoEPlan | None:
+             chained: bool = True, hot: bool = True, flex: bool = True,
+             mx: bool = False) -> MoEPlan | None:
     """The plan of ``nvfp4::moe`` on CUDA for ``num_tokens >= 1`` tokens routed top-``k`` over
     ``num_experts`` local experts of ``global_num_experts`` (-1: unknown, taken as all local);
     None where the grouped GEMMs do not cover ``(H, I)``.
@@ -676,16 +698,20 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
 
     ``chained=False`` launches the GEMMs without launch overlap, ``hot=False`` keeps one
     tile for all experts and ``flex=False`` runs whole tiles (tests and tools only; the op
-    never passes them).
+    never passes them). ``mx``: MXFP4 block scales (one UE8M0 byte per 32 k).
 
     Raises:
         ValueError: ``order`` is WPERM but the kernels at this tile cannot read it
-            (:func:`moe_wperm_supported`), or WFRAG (a dense order).
+            (:func:`moe_wperm_supported`), or WFRAG (a dense order); ``mx`` at sizes whose
+            kernels cannot read it (:func:`moe_mx_supported`).
     """
     if not moe_supported(hidden_size, inter):
         return None
     if order is WeightOrder.WFRAG:
         raise ValueError("the MoE kernels read checkpoint or wperm weights, not wfrag")
+    if mx and not moe_mx_supported(hidden_size, inter):
+        raise ValueError(f"no MoE kernels read MXFP4 scales at H={hidden_size}, I={inter} "
+                         "(dispatch.moe_mx_supported)")
     if block_m is None:
         slots = local_slots(num_tokens * top_k, num_experts, global_num_experts)
         block_m = _moe_tile(moe_block_m(slots, num_experts, flex), hidden_size, inter)
@@ -705,7 +731,7 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
 
     def gemms(tile: int, sibling: bool = False) -> tuple[GemmPlan, GemmPlan]:
         common = dict(grouped=True, m_tiles=_grouped_m_tiles(num_rows, tile),
-                      permuted=permuted, chained=chained, flex=flex, order=order)
+                      permuted=permuted, chained=chained, flex=flex, order=order, mx=mx)
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
         down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
@@ -750,7 +776,8 @@ def _dense_reach(block_m: int) -> tuple[int, ...]:
 def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
     """Every GEMM plan the given layers can launch, at any token count (what warm-up compiles
     and runs). ``linears``: ``(N, K, has_bias, order)``; ``mlps``: ``(H, I, order)``;
-    ``moes``: ``(H, I, order)`` (any expert count: the grouped configs do not depend on it).
+    ``moes``: ``(H, I, order)`` or ``(H, I, order, mx)`` (any expert count: the grouped
+    configs do not depend on it; ``mx``: MXFP4 scales, :func:`moe_mx_supported` sizes only).
     Unique by compile key (``config.name``), in a stable order."""
     seen: dict[str, GemmPlan] = {}
 
@@ -772,15 +799,17 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                 add(plan_gemm(2 * inter, hidden_size, bm, epilogue="swiglu", m_tiles=m_tiles,
                               order=order))
                 add(plan_gemm(hidden_size, inter, bm, m_tiles=m_tiles, order=order))
-    for hidden_size, inter, order in moes:
-        if not moe_supported(hidden_size, inter):
+    for hidden_size, inter, order, *mx in moes:
+        mx = bool(mx and mx[0])
+        if not (moe_mx_supported(hidden_size, inter) if mx else moe_supported(hidden_size,
+                                                                               inter)):
             continue
         for bm in BLOCK_MS:
             tile = _moe_tile(bm, hidden_size, inter)
             permuted = _grouped_permuted(hidden_size, inter, tile)
             for m_tiles in range(1, PERSIST_MAX_TILES + 2):
                 common = dict(grouped=True, m_tiles=m_tiles, permuted=permuted, chained=True,
-                              flex=True, order=order)
+                              flex=True, order=order, mx=mx)
                 for plan in (plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu",
                                        **common),
                              plan_gemm(hidden_size, inter, tile, epilogue="row_scale",

@@ -5,7 +5,8 @@ The FP4 decoders turn one u32 of 8 e2m1 codes (code j in nibble j, low nibble = 
 checkpoints) into 4 bf16x2 words, already multiplied by the e4m3 block scale: codes (2j, 2j+1)
 in word j for ``lut`` and ``shift``, codes (j, j+4) for ``pair4``. All are exact: e2m1
 (2 significant bits) times e4m3 (4 significant bits) fits bf16's 8-bit significand. See each
-function for the bit tricks.
+function for the bit tricks. MXFP4 block scales (UE8M0, one per 32 k: powers of two) enter
+the same decoders through :func:`mx_scale_pre` / :func:`mx_pair_pre`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ __all__ = [
     "ld_u16_at",
     "ld_v4",
     "ld_v4_at",
+    "MX_SCALE_BYTES",
     "mma_m16n8k16",
+    "mx_pair_pre",
+    "mx_scale_pre",
     "scale_pair_pre",
     "scales_to_bf16x2_pre",
 ]
@@ -92,6 +96,38 @@ def scale_pair_pre(two_scales: Int32):
     carries the pair: split it with :func:`bf16x2_halves` next to the decoder that uses it."""
     return inline_ptx(_pair_ptx(_PRESCALE, False), write_only_types=[Int32],
                       read_only_args=[two_scales])
+
+
+#: UE8M0 scale bytes the decoders take exactly: ``2^-118 .. 2^8``. ``b + 119`` is then the bf16
+#: exponent field of ``scale * 2^119`` (normal), and a decoded code times it, ``e2m1 * scale *
+#: 2^-7``, is a normal bf16 down to the smallest code (0.5 at ``b = 9``: ``2^-126``). MXFP4
+#: weights whose bytes fall outside are brought inside, exactly, by a per-row power-of-two
+#: global scale at load time (:func:`nvfp4_ops.format.mxfp4_kernel_scales`).
+MX_SCALE_BYTES = (9, 135)
+# (b + 119) << 7 in each bf16 half = b * 0x80 (per half) + 119 * 0x00800080
+_MX_BIAS = 119 * 0x00800080
+
+
+def mx_scale_pre(byte: Int32):
+    """One UE8M0 byte ``b`` (bits 0-7, zero above) -> bf16x2 ``2^(b - 127) * 2^119`` in both
+    halves: the ``scale2`` of the decoders, one ``mad`` (exact for ``b`` in
+    :data:`MX_SCALE_BYTES`)."""
+    return inline_ptx(f"mad.lo.u32 {{$w0}}, {{$r0}}, {0x00800080:#010x}, {_MX_BIAS:#010x};",
+                      write_only_types=[Int32], read_only_args=[byte])
+
+
+def mx_pair_pre(lo: Int32, hi: Int32, j: int):
+    """Byte ``j`` (0 or 1) of two rows' UE8M0 scale pairs ``lo`` / ``hi`` (two bytes each in bits
+    0-15, zero above, as ``ld.u16`` leaves them) -> one bf16x2: ``scale_lo * 2^119`` (low half),
+    ``scale_hi * 2^119`` (high half), like :func:`scale_pair_pre` for e4m3. A ``prmt`` puts the
+    bytes at bits 0 and 16 (zeros from ``lo``'s byte 2 between them), a ``mad`` shifts and
+    biases both exponent fields."""
+    sel = j | (2 << 4) | ((4 + j) << 8) | (2 << 12)
+    return inline_ptx(
+        "{\n.reg .b32 t;\n"
+        f"prmt.b32 t, {{$r0}}, {{$r1}}, {sel:#06x};\n"
+        f"mad.lo.u32 {{$w0}}, t, 128, {_MX_BIAS:#010x};\n}}",
+        write_only_types=[Int32], read_only_args=[lo, hi])
 
 
 def bf16x2_halves(word: Int32):

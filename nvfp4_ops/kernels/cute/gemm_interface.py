@@ -2,7 +2,8 @@
 compiling a kernel from fake tensors of the common call interface.
 
 The interface (``w4a16_gemm``, ``w4a16_stream`` and ``w4a16_wgmma`` all take it, in this order):
-``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``,
+``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``
+(UE8M0 bytes ``[G, N, K/32]`` for a config with ``mx``: :attr:`GemmProblem.scale_k`),
 ``w_global`` fp32 ``[G, H2, N / H2]`` (any strides, see below), ``out`` bf16 ``[P, N_out]``,
 ``tile_expert`` int32 ``[ceil(P / block_m)]``, ``tile_rows`` int32 ``[ceil(P / block_m)]``,
 ``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` fp32, stream. ``P`` and ``G``
@@ -65,6 +66,12 @@ class GemmProblem:
     def n_out(self) -> int:
         """Output features: ``n``, or ``n / 2`` for SwiGLU (gate and up rows give one each)."""
         return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
+    def scale_k(self) -> int:
+        """K values per byte of ``w_scale``: 16 (e4m3 block scales), or 32 for a config whose
+        family has a true ``mx`` field (MXFP4's UE8M0 scales)."""
+        return 32 if getattr(self, "mx", False) else 16
 
     @property
     def name_head(self) -> str:
@@ -204,7 +211,8 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
         cutlass.Uint8, (sym(), n, k // 2), stride_order=row_major3, assumed_align=16
     )
     w_scale = make_fake_compact_tensor(
-        cutlass.Uint8, (sym(), n, k // 16), stride_order=row_major3, assumed_align=scale_align
+        cutlass.Uint8, (sym(), n, k // cfg.scale_k), stride_order=row_major3,
+        assumed_align=scale_align
     )
     halves = global_halves(cfg.epilogue)
     # dynamic strides: tvm-ffi then takes stride-0 (expanded) views exactly, so no caller

@@ -94,6 +94,13 @@ gather, whose every CTA waits for the routing before it lets this kernel launch 
 argument is in ``moe_cuda``'s docstring). A CTA with no real tile does not wait, except CTA 0
 (with tile 0 always real when any is), so the grid cannot complete before the previous one.
 
+MXFP4 scales (``mx``, grouped ``kperm``: the MoE on DeepSeek's own checkpoints). ``w_scale`` holds
+one UE8M0 byte per 32 k (``[G, N, K/32]``), a stage ``kc/32`` bytes per row (a bulk copy of
+16 bytes or more: ``kc >= 512``). A lane's 32 k of a step are exactly one MX block, so it
+reads one byte where it read an e4m3 pair, and one ``mad`` makes the decoders' bf16x2 scale
+(:func:`~nvfp4_ops.kernels.cute.fp4_ptx.mx_scale_pre`) where e4m3 took a conversion chain:
+fewer bytes streamed and fewer instructions per weight, the same MMAs on the same values.
+
 Activations stay global (L1/L2-resident at decode): one 16-byte load per (token, lane, word),
 with the token clamped to ``P - 1`` so no row past ``P`` is read.
 
@@ -126,6 +133,7 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
     ld_shared_v4_at,
     ld_v4_at,
     mma_m16n8k16,
+    mx_scale_pre,
     scales_to_bf16x2_pre,
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
@@ -204,6 +212,10 @@ class StreamConfig(GemmProblem):
     #: column (one consumer step): :attr:`StreamConfig.tma2d` in the module docstring's
     #: "Shared-memory layout"; dense, non-SwiGLU, one CTA per item, an even ``warps_k``
     tma2d: bool = False
+    #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
+    #: in ``fp4_ptx.MX_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
+    #: scales"); grouped ``kperm`` problems with 512-k chunks or more (16-byte scale copies)
+    mx: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -233,6 +245,10 @@ class StreamConfig(GemmProblem):
         if self.tma2d and not self.tma2d_allowed:
             raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
                              "non-persistent configs with an even warps_k")
+        if self.mx and not (self.grouped and self.kperm and not self.tma2d
+                            and self.kc % 512 == 0):
+            raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm problems with "
+                             "chunks of 512 k or more (16-byte scale copies)")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
 
@@ -271,7 +287,7 @@ class StreamConfig(GemmProblem):
     def s_stride(self) -> int:
         """Bytes between two weight rows' scales in a stage (``tma2d``: inside a 16-byte
         column group)."""
-        return 16 if self.tma2d else _odd16(self.kc // 16)
+        return 16 if self.tma2d else _odd16(self.kc // self.scale_k)
 
     @property
     def stage_bytes(self) -> int:
@@ -297,7 +313,8 @@ class StreamConfig(GemmProblem):
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{'_t2' if self.tma2d else ''}_{self.arch}"
+            f"{'_wf' if self.wfrag else ''}{'_t2' if self.tma2d else ''}"
+            f"{'_mx' if self.mx else ''}_{self.arch}"
         )
 
 
@@ -355,6 +372,11 @@ def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
     )
 
 
+def _lds_u8(addr: Int32, offset: int):
+    return inline_ptx(f"ld.shared.u8 {{$w0}}, [{{$r0}}+{offset}];",
+                      write_only_types=[Int32], read_only_args=[addr])
+
+
 def _lds_u16(addr: Int32, offset: int):
     return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
                       write_only_types=[Int32], read_only_args=[addr])
@@ -385,7 +407,7 @@ class W4A16StreamGemm(DirectLaunch):
         self.frags = 2  # 16-byte fragments per row set and lane (rows g and g + 8)
         self.acc_len = 4 * self.num_tiles * self.num_row_sets
         self.chunks = cfg.k // cfg.kc
-        self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // 16)
+        self.tx_bytes = cfg.rows_phys * (cfg.kc // 2 + cfg.kc // cfg.scale_k)
         self.pipe_bytes = _BAR_BYTES + cfg.stages * cfg.stage_bytes
         # launch geometry for DirectLaunch.__call__ (consumer warps + the producer warp)
         self.features_per_cta = cfg.rows_out
@@ -597,8 +619,9 @@ class W4A16StreamGemm(DirectLaunch):
         n_static = cfg.n
         k_static = cfg.k
         kc = cfg.kc
+        ks = cfg.scale_k
         w_base = w.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 2))
-        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // 16))
+        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(n_static * (k_static // ks))
         rows_half = cfg.rows_out
         n_lanes_rows = (cfg.rows_phys + 31) // 32
         srcs_w = []
@@ -612,7 +635,7 @@ class W4A16StreamGemm(DirectLaunch):
             if const_expr(cfg.epilogue == "swiglu"):
                 grow = row0 + r % rows_half + (r // rows_half) * (n_static // 2)
             srcs_w.append(w_base + Int64(grow) * Int64(k_static // 2))
-            srcs_s.append(s_base + Int64(grow) * Int64(k_static // 16))
+            srcs_s.append(s_base + Int64(grow) * Int64(k_static // ks))
             dsts_w.append(stage0 + r * cfg.w_stride)
             dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
         for c in cutlass.range(self.chunks, unroll=1):
@@ -621,7 +644,7 @@ class W4A16StreamGemm(DirectLaunch):
             for j in cutlass.range_constexpr(n_lanes_rows):
                 if lane + 32 * j < cfg.rows_phys:
                     _bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
-                    _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // 16)), kc // 16,
+                    _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // ks)), kc // ks,
                               full)
 
     @cute.jit
@@ -677,9 +700,12 @@ class W4A16StreamGemm(DirectLaunch):
         # this lane's bytes of weight row g (row set 0), its warp's first step of a chunk, and
         # the static offsets of its later steps (wcol, scol)
         lane_w = stage0 + grp * cfg.w_stride + quad * 16 + warp * 64
-        lane_s = stage0 + cfg.rows_phys * cfg.w_stride + grp * cfg.s_stride + quad * 2 + warp * 8
+        # scale bytes per 128-k step: 8 e4m3 (the lane's 32 k: two), or 4 UE8M0 (one)
+        sb = 128 // cfg.scale_k
+        lane_s = (stage0 + cfg.rows_phys * cfg.w_stride + grp * cfg.s_stride
+                  + quad * (sb // 4) + warp * sb)
         wcol = [64 * cfg.warps_k * u for u in range(cfg.steps)]
-        scol = [8 * cfg.warps_k * u for u in range(cfg.steps)]
+        scol = [sb * cfg.warps_k * u for u in range(cfg.steps)]
         if const_expr(cfg.tma2d):
             # column-group-major stage: codes [kc/128][rows][64 B], scales [kc/256][rows][16 B]
             r = cfg.rows_phys
@@ -728,7 +754,12 @@ class W4A16StreamGemm(DirectLaunch):
         scl = []
         for q2 in range(nr):
             wv.append(ld_shared_v4_at(lw, w_off[q2] + wcol))
-            scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
+            if const_expr(self.cfg.mx):
+                # one UE8M0 scale for the lane's 32 k: both 16-k halves (r // 2 below)
+                v = mx_scale_pre(_lds_u8(ls, s_off[q2] + scol))
+                scl.append((v, v))
+            else:
+                scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))

@@ -102,6 +102,13 @@ Registers and occupancy: with several consumer warpgroups and ``block_m >= 128``
 at 640 threads: 24 / 112), one CTA per SM. Smaller tiles need 50-79 registers and no
 ``setmaxnreg``, so 2-3 CTAs share an SM, which the decode latency of small grouped tiles needs.
 
+MXFP4 scales (``mx``, grouped ``kperm``: the MoE on DeepSeek's own checkpoints): ``w_scale`` holds
+one UE8M0 byte per 32 k, so a lane loads 2 bytes per row per 64-k tile instead of 4, and a
+32-k chunk, one MX block, needs no exchange inside the quad: each lane turns its rows' byte
+``j`` into the (lo, hi) bf16x2 pair with a ``prmt`` and a ``mad``
+(:func:`~nvfp4_ops.kernels.cute.fp4_ptx.mx_pair_pre`) where e4m3 took a conversion chain and a
+shuffle. The decode and the MMAs are those of ``kperm``.
+
 Flexible width (``flex``, grouped): a MoE token tile holds one expert's rows, often fewer
 than ``block_m``. The CTA reads ``tile_rows[tile]`` and runs its whole tile at the width
 ``flex * ceil(rows / flex)``: a code path per width (:attr:`WgmmaConfig.widths`), each with
@@ -136,6 +143,7 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
     decode_word_wperm_2s,
     ld_shared_v4_at,
     ld_u16,
+    mx_pair_pre,
     scale_pair_pre,
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
@@ -237,6 +245,10 @@ class WgmmaConfig(GemmProblem):
     #: rows need, ``flex * ceil(tile_rows / flex)`` tokens ("Flexible width" in the module
     #: docstring; 0 = always ``block_m``)
     flex: int = 0
+    #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
+    #: in ``fp4_ptx.MX_SCALE_BYTES``) instead of one e4m3 per 16 ("MXFP4 scales" in the module
+    #: docstring); grouped ``kperm`` tiles only
+    mx: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -292,6 +304,8 @@ class WgmmaConfig(GemmProblem):
                               and self.block_m // self.flex <= 4):
             raise ValueError(f"flex={self.flex}: a width granularity is for grouped tiles "
                              "without split_k, 32 or 64 dividing block_m in at most 4 widths")
+        if self.mx and not (self.grouped and self.kperm and not self.streamk):
+            raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm tiles")
 
     @property
     def consumers(self) -> int:
@@ -332,7 +346,7 @@ class WgmmaConfig(GemmProblem):
             f"{'_wp' if self.wperm else ''}"
             f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'_sa' if self.scale_ahead else ''}{f'_fx{self.flex}' if self.flex else ''}"
-            f"_{self.arch}"
+            f"{'_mx' if self.mx else ''}_{self.arch}"
         )
 
     @property
@@ -1143,9 +1157,9 @@ class W4A16WgmmaGemm:
         off_lo, off_hi = self.a_row_offsets(rq, wq, grp, quad)
         stage_bytes_w = self.w_stage_bytes
 
-        # block scales: 4 bytes (one per 16 k) per row per stage, read one tile ahead
-        kb16 = cfg.k // 16
-        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * kb16)
+        # block scales: 4 bytes (one per 16 k; mx: 2, one per 32 k) per row per stage, read one
+        # tile ahead
+        s_base = w_scale.iterator.toint() + Int64(expert) * Int64(cfg.n * (cfg.k // cfg.scale_k))
         s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
 
         t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt, width)
@@ -1275,7 +1289,7 @@ class W4A16WgmmaGemm:
         """Global addresses of the block scales this lane loads (plain Python, inlined while
         tracing): rows lo and hi; with ``wfrag`` one address, the lane's share of its quad's
         scales (see :meth:`load_scales`), twice."""
-        kb16 = self.cfg.k // 16
+        kb16 = self.cfg.k // self.cfg.scale_k  # scale bytes per row
         if const_expr(self.cfg.wfrag):
             mine = row_lo + (quad // 2) * (row_hi - row_lo)
             addr = s_base + Int64(mine) * Int64(kb16) + Int64(2 * (quad % 2))
@@ -1290,6 +1304,9 @@ class W4A16WgmmaGemm:
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
         if const_expr(self.cfg.wfrag):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
+        elif const_expr(self.cfg.mx):
+            sc[slot] = ld_u16(s_lo + Int64(k_tile * 2))
+            sc[slot + 1] = ld_u16(s_hi + Int64(k_tile * 2))
         else:
             sc[slot] = _ldg_u32(s_lo + Int64(k_tile * 4))
             sc[slot + 1] = _ldg_u32(s_hi + Int64(k_tile * 4))
@@ -1312,6 +1329,10 @@ class W4A16WgmmaGemm:
         if const_expr(self.cfg.kperm):
             raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+            if const_expr(self.cfg.mx):
+                # chunk j is one MX block: every lane of the quad takes the rows' byte j
+                scl[0] = mx_pair_pre(sc_lo, sc_hi, j)
+                return
             if const_expr(j == 0):
                 scl[2] = scale_pair_pre(_prmt(sc_lo, sc_hi, sel[2]))
             scl[0] = _shfl_quad_from(scl[2], sel[j])
