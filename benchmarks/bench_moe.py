@@ -10,8 +10,10 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
 * **ours**: ``nvfp4_ops.moe`` (routing, gather, both grouped GEMMs, combine: the whole op),
   with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
   (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
-  scales converted once by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes unchanged) and per-row global
-  scales (``w13_global [E, 2I]``, ``w2_global [E, H]``).
+  scales converted once by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes unchanged), or with
+  ``NVFP4_OPS_MXFP4_SCALES=native`` rebased by ``nvfp4_ops.mxfp4_kernel_scales`` (read by the
+  kernels' ``mx`` variants), and per-row global scales (``w13_global [E, 2I]``, ``w2_global
+  [E, H]``).
 * **Humming** (``humming-kernels`` 0.1.19, what vLLM 0.33 pins and tries first on SM90 for
   NVFP4 and MXFP4 MoE): weights converted as vLLM converts ModelOpt-NVFP4 / MXFP4 expert
   parameters, the MoE run as vLLM's Humming experts run it: the ``indexed`` GEMMs without
@@ -1126,11 +1128,18 @@ class GPUBench:
         """Ours per EP slice: ``(ep -> (call, tensors, wperm))``, or ``({}, why not)``."""
         h, i = shape.hidden, shape.intermediate
         wperm = wperm_supported(h, i)
+        form = ""
         if fmt == "mxfp4":
-            convert = getattr(nvfp4_ops, "mxfp4_to_nvfp4", None)
+            # NVFP4_OPS_MXFP4_SCALES=native: the kernels' UE8M0 form, else NVFP4 scales
+            from nvfp4_ops import _env
+
+            native = _env.mxfp4_native()
+            name = "mxfp4_kernel_scales" if native else "mxfp4_to_nvfp4"
+            convert = getattr(nvfp4_ops, name, None)
             if convert is None:
-                return {}, ("nvfp4_ops.mxfp4_to_nvfp4 is not in this tree (the MXFP4 "
-                            "conversion has not landed)")
+                return {}, f"nvfp4_ops.{name} is not in this tree"
+            form = (", UE8M0 scales read natively (NVFP4_OPS_MXFP4_SCALES=native)" if native
+                    else ", scales converted to NVFP4's")
             for base in bases:  # once per tensor, before the codes are permuted
                 for name in ("w13", "w2"):
                     bs, gs = convert(base[name], base.pop(f"{name}_scale"), name=name)
@@ -1164,7 +1173,9 @@ class GPUBench:
                 return {}, (f"nvfp4.moe refused per-row global scales: {type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}")
         log(f"{shape.name} {fmt}: ours ready (codes in the {'wperm' if wperm else 'checkpoint'} "
-            "bit order)")
+            f"bit order{form})")
+        if form:
+            self.report.note(fmt, shape.name, f"{shape.name} {fmt}: ours{form}")
         return out, None
 
     def check_reference(self, shape: MoEShape, fmt: str, ours: dict, cells: list[Cell]) -> None:

@@ -43,6 +43,9 @@ MXFP4 codes are NVFP4 codes, so they stay where the loader put them; the scales 
 power-of-two block scales per 16; the dequantized weights are bitwise the MXFP4 ones) and the
 e8m0 tensors are freed. A row whose non-zero blocks span more than 18 binades cannot be held
 this way and stops loading with an error naming the layer, the tensor, the row and the block.
+With ``NVFP4_OPS_MXFP4_SCALES=native`` the scales stay one UE8M0 byte per 32 k instead,
+rebased per row by ``nvfp4::mxfp4_kernel_scales`` (``float8_e8m0fnu`` of the same shape, and
+the same per-row global scales), which the MoE kernels read as they are.
 The e8m0 scales start as 0xFF (the UE8M0 NaN code), so a scale the checkpoint never provided
 fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
 ``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
@@ -156,7 +159,8 @@ class _OpsFusedMoE:
         w13 = layer.w13_weight
         return nvfp4_ops.MoELayer(experts=w13.shape[0], hidden=w13.shape[2] * 2,
                                   inter=w13.shape[1] // 2, top_k=self.moe.experts_per_token,
-                                  wperm=self.wperm)
+                                  wperm=self.wperm,
+                                  mx=layer.w13_weight_scale.dtype == torch.float8_e8m0fnu)
 
     def _warm(self, layer) -> None:
         """Warm this layer's kernels on CUDA (:mod:`model_glue.warm`); the last post-load step."""
@@ -299,8 +303,10 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
         layer.w2_weight_scale.data.fill_(UE8M0_NAN)
 
     def process_weights_after_loading(self, layer) -> None:
-        """Convert the e8m0 scales to NVFP4 block scales plus per-row global scales (exact; the
-        e8m0 tensors are freed), then prepare the codes as the NVFP4 method does.
+        """Convert the e8m0 scales to NVFP4 block scales (or, with
+        ``NVFP4_OPS_MXFP4_SCALES=native``, to the kernels' UE8M0 form) plus per-row global
+        scales (exact; the checkpoint's e8m0 tensors are freed), then prepare the codes as the
+        NVFP4 method does.
 
         Raises:
             nvfp4_ops.NVFP4InputError: a NaN (or never loaded) scale, or a weight row whose

@@ -1,9 +1,9 @@
 """nvfp4-ops: NVFP4 weight-only (W4A16) ops for DeepSeek-V4 on Hopper GPUs.
 
 Importing this package registers every ``torch.ops.nvfp4.*`` op (quantize, dequantize,
-linear, mlp, moe, mxfp4_to_nvfp4, to_wperm_, to_wfrag_) with its fake and its pure-torch
-CPU reference. It initialises no CUDA and imports no GPU kernel code; CUDA kernels are
-loaded on first use.
+linear, mlp, moe, mxfp4_to_nvfp4, mxfp4_kernel_scales, to_wperm_, to_wfrag_) with its fake
+and its pure-torch CPU reference. It initialises no CUDA and imports no GPU kernel code;
+CUDA kernels are loaded on first use.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from nvfp4_ops.ops import (
     linear,
     mlp,
     moe,
+    mxfp4_kernel_scales,
     mxfp4_to_nvfp4,
     quantize,
     to_wfrag_,
@@ -52,6 +53,7 @@ __all__ = [
     "linear",
     "mlp",
     "moe",
+    "mxfp4_kernel_scales",
     "mxfp4_to_nvfp4",
     "prepare_linear",
     "prepare_moe",

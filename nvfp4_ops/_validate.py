@@ -50,6 +50,10 @@ __all__ = [
 #: memory). The uint8 form exists because torch's SchemaCheckMode (opcheck's test_schema)
 #: cannot compare float8 tensors on the CPU; kernels read the bytes either way.
 SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+#: The MoE also takes MXFP4 block scales in the kernels' form: one UE8M0 byte per 32 k
+#: (:func:`nvfp4_ops.format.mxfp4_kernel_scales`), told apart from NVFP4's by this dtype.
+MX_SCALE_DTYPE = torch.float8_e8m0fnu
+_MX_LO, _MX_HI = 9, 135  # format.MXFP4_KERNEL_SCALE_BYTES (no import: a lower floor)
 
 K_ALIGN = 32  # packed rows of K/2 bytes stay 16-byte multiples for K % 32 == 0
 
@@ -262,13 +266,23 @@ def _check_gated_weights(
     w2_global: torch.Tensor,
 ) -> int:
     """Checks gate/up + down weights with leading dims ``lead`` (``()`` or ``(E,)``);
-    returns the intermediate size I."""
+    returns the intermediate size I. Experts (``lead``) may carry MXFP4 scales
+    (:data:`MX_SCALE_DTYPE`, one per 32 k) instead of e4m3 ones, both tensors alike."""
+    scale_dtypes = (*SCALE_DTYPES, MX_SCALE_DTYPE) if lead else SCALE_DTYPES
     expect_dtype(op, "w13", w13, torch.uint8)
-    expect_dtype(op, "w13_scale", w13_scale, *SCALE_DTYPES)
+    expect_dtype(op, "w13_scale", w13_scale, *scale_dtypes)
     expect_dtype(op, "w13_global", w13_global, torch.float32)
     expect_dtype(op, "w2", w2, torch.uint8)
-    expect_dtype(op, "w2_scale", w2_scale, *SCALE_DTYPES)
+    expect_dtype(op, "w2_scale", w2_scale, *scale_dtypes)
     expect_dtype(op, "w2_global", w2_global, torch.float32)
+    mx = w13_scale.dtype == MX_SCALE_DTYPE
+    if mx != (w2_scale.dtype == MX_SCALE_DTYPE):
+        raise NVFP4InputError(
+            f"{op}: w13_scale and w2_scale must both be e4m3 block scales (NVFP4: "
+            f"float8_e4m3fn or uint8) or both {str(MX_SCALE_DTYPE).removeprefix('torch.')} "
+            f"(MXFP4), got {str(w13_scale.dtype).removeprefix('torch.')} and "
+            f"{str(w2_scale.dtype).removeprefix('torch.')}")
+    sk = 32 if mx else 16
     sym = "[E, " if lead else "["
     if w13.dim() != len(lead) + 2 or w13.shape[-2] % 2:
         raise NVFP4InputError(
@@ -277,7 +291,8 @@ def _check_gated_weights(
         )
     inter = w13.shape[-2] // 2
     expect_shape(op, "w13", w13, (*lead, 2 * inter, hidden // 2), f"{sym}2I, H/2]")
-    expect_shape(op, "w13_scale", w13_scale, (*lead, 2 * inter, hidden // 16), f"{sym}2I, H/16]")
+    expect_shape(op, "w13_scale", w13_scale, (*lead, 2 * inter, hidden // sk),
+                 f"{sym}2I, H/{sk}]")
     # global scales: one per half / tensor, or one per row (exact MXFP4 conversions)
     if w13_global.dim() == len(lead) + 1 and w13_global.shape[-1] == 2 * inter != 2:
         expect_shape(op, "w13_global", w13_global, (*lead, 2 * inter), f"{sym}2I] (per row)")
@@ -287,7 +302,7 @@ def _check_gated_weights(
     expect_k_aligned(op, "w13", 2 * inter, "2I (w13.shape[-2])")
     expect_k_aligned(op, "w2", inter, "I (w13.shape[-2] // 2)")
     expect_shape(op, "w2", w2, (*lead, hidden, inter // 2), f"{sym}H, I/2]")
-    expect_shape(op, "w2_scale", w2_scale, (*lead, hidden, inter // 16), f"{sym}H, I/16]")
+    expect_shape(op, "w2_scale", w2_scale, (*lead, hidden, inter // sk), f"{sym}H, I/{sk}]")
     if w2_global.dim() == len(lead) + 1:
         expect_shape(op, "w2_global", w2_global, (*lead, hidden), f"{sym}H] (per row)")
     else:
@@ -403,9 +418,14 @@ def _moe_meta_ok(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                  w2_global) -> bool:
     if (hidden.dtype != torch.bfloat16 or topk_ids.dtype not in _IDS
             or topk_weights.dtype != torch.float32 or w13.dtype != torch.uint8
-            or w2.dtype != torch.uint8 or w13_scale.dtype not in SCALE_DTYPES
-            or w2_scale.dtype not in SCALE_DTYPES or w13_global.dtype != torch.float32
+            or w2.dtype != torch.uint8 or w13_global.dtype != torch.float32
             or w2_global.dtype != torch.float32):
+        return False
+    if w13_scale.dtype == MX_SCALE_DTYPE and w2_scale.dtype == MX_SCALE_DTYPE:
+        sk = 32
+    elif w13_scale.dtype in SCALE_DTYPES and w2_scale.dtype in SCALE_DTYPES:
+        sk = 16
+    else:
         return False
     hs, ws, ids = hidden.shape, w13.shape, topk_ids.shape
     if len(hs) != 2 or len(ws) != 3 or len(ids) != 2:
@@ -416,8 +436,8 @@ def _moe_meta_ok(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
     if (h <= 0 or h % K_ALIGN or inter <= 0 or inter % K_ALIGN or two_i != 2 * inter
             or h_half * 2 != h or ids[0] != num_tokens or topk_weights.shape != ids):
         return False
-    if (w13_scale.shape != (e, two_i, h // 16) or w2.shape != (e, h, inter // 2)
-            or w2_scale.shape != (e, h, inter // 16)):
+    if (w13_scale.shape != (e, two_i, h // sk) or w2.shape != (e, h, inter // 2)
+            or w2_scale.shape != (e, h, inter // sk)):
         return False
     g13, g2 = w13_global.shape, w2_global.shape
     if (g13 != (e, 2) and g13 != (e, two_i)) or (g2 != (e,) and g2 != (e, h)):
@@ -433,9 +453,12 @@ def _moe_meta_ok(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
 _SCAN_BYTES = 64 << 20
 
 
-def _block_scale_bad(b: torch.Tensor) -> torch.Tensor:
+def _block_scale_bad(b: torch.Tensor, mx: bool = False) -> torch.Tensor:
     """Bad e4m3 block-scale bytes: NaN (``0x7f`` / ``0xff``) or negative (sign bit set, other
-    than ``-0`` = ``0x80``). Zero is legal (an all-zero block)."""
+    than ``-0`` = ``0x80``); zero is legal (an all-zero block). With ``mx``, UE8M0 bytes of
+    the kernels' MXFP4 form outside ``[9, 135]`` (the NaN code 0xFF included)."""
+    if mx:
+        return (b < _MX_LO) | (b > _MX_HI)
     return (b == 0x7F) | (b > 0x80)
 
 
@@ -467,10 +490,11 @@ def _index(t: torch.Tensor, flat_index: int) -> tuple[int, ...]:
 
 def _raise_first_bad(op: str, name: str, t: torch.Tensor, block: bool) -> None:
     view = t.view(torch.uint8) if block else t
+    mx = t.dtype == MX_SCALE_DTYPE
     total = 0
     first = None
     for start, chunk in _chunks(view):
-        bad = _block_scale_bad(chunk) if block else _global_bad(chunk)
+        bad = _block_scale_bad(chunk, mx) if block else _global_bad(chunk)
         count = int(bad.sum())
         if count and first is None:
             first = start + int(torch.nonzero(bad)[0, 0])
@@ -479,6 +503,14 @@ def _raise_first_bad(op: str, name: str, t: torch.Tensor, block: bool) -> None:
         return
     idx = _index(t, first)
     where = f" at index {idx}" if idx else ""
+    if block and mx:
+        byte = int(view.reshape(-1)[first])
+        seen = "NaN" if byte == 0xFF else f"2^{byte - 127}"
+        raise NVFP4InputError(
+            f"{op}: {name} must hold MXFP4 scales in the kernels' range 2^-118 .. 2^8 (UE8M0 "
+            f"bytes {_MX_LO}..{_MX_HI}; nvfp4_ops.mxfp4_kernel_scales brings a checkpoint's "
+            f"scales there), got {seen} (byte {byte:#04x}){where} ({total} bad of "
+            f"{t.numel()})")
     if block:
         byte = int(view.reshape(-1)[first])
         seen = "NaN" if byte & 0x7F == 0x7F else f"{_e4m3_values()[byte]:g}"
@@ -498,7 +530,8 @@ def check_weight_values(
     global_scales: dict[str, torch.Tensor],
 ) -> None:
     """Block scales (``float8_e4m3fn`` or their ``uint8`` bytes) hold no NaN and no negative
-    value; global scales (fp32) are finite and > 0. One host sync when all pass (a second
+    value (``float8_e8m0fnu`` ones, MXFP4 in the kernels' form: bytes in ``[9, 135]``); global
+    scales (fp32) are finite and > 0. One host sync when all pass (a second
     pass finds the first bad entry). Tensors on ``meta`` are skipped (they hold no data).
 
     Raises:
@@ -515,7 +548,8 @@ def check_weight_values(
     flags = []
     for t in block_scales.values():
         if t.device.type != "meta":
-            flags += [_block_scale_bad(c).any() for _, c in _chunks(t.view(torch.uint8))]
+            mx = t.dtype == MX_SCALE_DTYPE
+            flags += [_block_scale_bad(c, mx).any() for _, c in _chunks(t.view(torch.uint8))]
     for t in global_scales.values():
         if t.device.type != "meta":
             flags += [_global_bad(c).any() for _, c in _chunks(t)]
@@ -636,7 +670,9 @@ def check_moe_weights(
         w13: ``uint8 [E, 2I, H/2]``; w13_scale: ``e4m3 [E, 2I, H/16]``; w13_global:
             ``float32 [E, 2]`` (gate, up) or ``[E, 2I]`` (per row).
         w2: ``uint8 [E, H, I/2]``; w2_scale: ``e4m3 [E, H, I/16]``; w2_global:
-            ``float32 [E]`` or ``[E, H]``. Block scales may be their bytes as ``uint8``.
+            ``float32 [E]`` or ``[E, H]``. Block scales may be their bytes as ``uint8``, or
+            MXFP4 scales in the kernels' form (both ``float8_e8m0fnu``, ``[E, 2I, H/32]`` /
+            ``[E, H, I/32]``, bytes in ``[9, 135]``: :func:`nvfp4_ops.mxfp4_kernel_scales`).
         where: the prefix of error messages (e.g. the layer's name).
 
     ``H % 32 == 0`` and ``I % 32 == 0``; one device; contiguous; block scales without NaN or

@@ -78,6 +78,16 @@ e4m3 for ``j`` in ``[-9, 8]``, so a row converts exactly iff every block whose c
 all zero has ``e >= e_max - 17`` (18 binades per row; the clamp at -126, which keeps the
 global scales normal fp32 numbers, changes nothing here since ``e >= -127`` always). Blocks
 whose codes are all (+-)zero take scale 0; a row of only such blocks takes ``global = 1``.
+
+**The kernels' form** (:func:`mxfp4_kernel_scales`): the MoE's GPU kernels also read MXFP4
+natively, one UE8M0 byte per 32 k (0.53 bytes per weight instead of 0.5625), and an fp32
+global scale per row like NVFP4's. They turn a byte ``b`` into a bf16 factor whose exponent
+field is ``b + 119``, which is exact for ``b`` in ``[9, 135]`` (:data:`MXFP4_KERNEL_SCALE_BYTES`,
+scales ``2^-118 .. 2^8``). The load-time rebase moves each row's exponents into that window
+with the rule of the conversion above (``global = 2^max(e_max - 8, -126)``), which any row
+whose non-zero blocks span at most 127 binades allows; the weights are then bitwise those of
+the checkpoint, and the bf16 values the tensor cores see equal the converted form's. In this
+form ``decode`` and ``dequantize`` take ``float8_e8m0fnu [..., K/32]`` scales.
 """
 
 from __future__ import annotations
@@ -109,6 +119,8 @@ __all__ = [
     "mxfp4_dequantize",
     "mxfp4_quantize",
     "mxfp4_to_nvfp4",
+    "MXFP4_KERNEL_SCALE_BYTES",
+    "mxfp4_kernel_scales",
 ]
 
 BLOCK_SIZE = 16
@@ -214,11 +226,15 @@ def decode(packed: torch.Tensor, block_scale: torch.Tensor) -> torch.Tensor:
 
     Args:
         packed: ``uint8 [..., K/2]``.
-        block_scale: ``float8_e4m3fn [..., K/16]`` (or its raw bytes as ``uint8``).
+        block_scale: ``float8_e4m3fn [..., K/16]`` (or its raw bytes as ``uint8``), or
+            ``float8_e8m0fnu [..., K/32]``: UE8M0 scales of the kernels' MXFP4 form (module
+            docstring; exact in bf16 for bytes in :data:`MXFP4_KERNEL_SCALE_BYTES`).
 
     Returns:
         ``float32 [..., K]``.
     """
+    if block_scale.dtype == torch.float8_e8m0fnu:
+        return mxfp4_dequantize(packed, block_scale)
     _check_blocks(packed, block_scale, "decode")
     block_scale = as_e4m3(block_scale)
     values = e2m1_to_float(unpack_e2m1(packed))
@@ -233,7 +249,8 @@ def dequantize(
 
     Args:
         packed: ``uint8 [..., K/2]``.
-        block_scale: ``float8_e4m3fn [..., K/16]``.
+        block_scale: ``float8_e4m3fn [..., K/16]``, or ``float8_e8m0fnu [..., K/32]``
+            (:func:`decode`).
         global_scale: ``float32``, shape ``[]`` or the leading shape ``packed.shape[:-1]``
             (one scale per row), or anything that broadcasts against ``[..., 1]``.
 
@@ -324,6 +341,9 @@ UE8M0_NAN = 0xFF
 
 # e4m3 scales can hold 2^j exactly for j in [-9, 8]: normals 2^-6..2^8, subnormals 2^-9..2^-7.
 _E4M3_POW2_MIN, _E4M3_POW2_MAX = -9, 8
+#: UE8M0 scale bytes the MoE's GPU kernels decode exactly (``2^-118 .. 2^8``: module docstring,
+#: "The kernels' form")
+MXFP4_KERNEL_SCALE_BYTES = (9, 135)
 _F32_MIN_NORMAL_EXP = -126
 # A block whose 16 code bytes, masked to the magnitude bits of both nibbles, are all zero holds
 # only +-0 (codes 0 and 8); its scale does not matter.
@@ -468,6 +488,69 @@ def _nonzero_blocks(codes: torch.Tensor, num_blocks: int) -> torch.Tensor:
         return (codes.view(rows, num_blocks, 16) & 0x77).ne(0).any(dim=-1)
 
 
+def _mx_rows(packed: torch.Tensor, scale: torch.Tensor, fn: str, j_min: int, form: str):
+    """The row analysis both scale conversions share: for each chunk of rows (about
+    :data:`_CONVERT_CHUNK_BLOCKS` blocks), yields ``(r0, r1, s, nz, e, log2_global)``: the
+    chunk's rows, their UE8M0 bytes ``s``, which blocks hold a non-zero code ``nz``, the block
+    exponents ``e = s - 127`` and each row's ``log2(global) = max(e_max - 8, -126)`` (0 for a
+    row of only zero blocks), after checking that no scale is NaN and that every non-zero
+    block has ``e - log2(global) >= j_min`` (the target's smallest power of two; its largest
+    is ``2^8`` for both). One host sync per chunk.
+
+    Raises:
+        ValueError: a NaN scale (its position and the count), or a row ``form`` cannot hold
+            (the row index, the block, the exponents seen).
+    """
+    lead = tuple(packed.shape[:-1])
+    num_blocks = scale.shape[-1]
+    codes = packed.reshape(math.prod(lead), packed.shape[-1])
+    sbytes = as_ue8m0_bytes(scale).reshape(math.prod(lead), num_blocks)
+    rows = math.prod(lead) if num_blocks else 0  # K = 0: nothing to scale
+    step = max(1, _CONVERT_CHUNK_BLOCKS // max(num_blocks, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        s = sbytes[r0:r1]
+        nz = _nonzero_blocks(codes[r0:r1], num_blocks)
+        e = s.to(torch.int16) - UE8M0_BIAS
+        e_max = torch.where(nz, e, torch.full_like(e, -1000)).amax(dim=-1)
+        e_min = torch.where(nz, e, torch.full_like(e, 1000)).amin(dim=-1)
+        has = nz.any(dim=-1)
+        log2_global = torch.where(has, (e_max - 8).clamp(min=_F32_MIN_NORMAL_EXP),
+                                  torch.zeros_like(e_max))
+        bad = has & (e_min < log2_global + j_min)
+        nan = s == UE8M0_NAN
+        if bool(torch.stack([nan.any(), bad.any()]).any()):  # one host sync per chunk
+            if bool(nan.any()):
+                i, j = nan.nonzero()[0].tolist()
+                pos = (*_unravel(r0 + i, lead), j)
+                raise ValueError(
+                    f"{fn}: scale{list(pos)} is 0xFF, the UE8M0 NaN code "
+                    f"({int(nan.sum())} NaN scales in rows {r0}..{r1 - 1} of {rows}); MXFP4 "
+                    "weights must have finite scales")
+            i = int(bad.nonzero()[0, 0])
+            row_e = e[i].tolist()
+            row_nz = nz[i].tolist()
+            lo = int(log2_global[i]) + j_min
+            j = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
+                     if z and x < lo)
+            j_max = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
+                         if z and x == int(e_max[i]))
+            raise ValueError(
+                f"{fn}: row {list(_unravel(r0 + i, lead))} cannot be held exactly by {form} "
+                f"with one fp32 global scale per row: block {j} (k {32 * j}..{32 * j + 31}) "
+                f"has scale exponent {row_e[j]} but block {j_max} has {int(e_max[i])}; its "
+                f"block scales reach {8 - j_min + 1} binades, [{lo}, {lo + 8 - j_min}] here, "
+                f"and this row's non-zero blocks span exponents {int(e_min[i])}.."
+                f"{int(e_max[i])} ({int(bad.sum())} such rows in rows {r0}..{r1 - 1} of "
+                f"{rows})")
+        yield r0, r1, s, nz, e, log2_global
+
+
+def _global_of(log2_global: torch.Tensor) -> torch.Tensor:
+    """fp32 ``2^j`` from its bits (``j`` in ``[-126, 127]``), never by pow/exp2."""
+    return ((log2_global.to(torch.int32) + UE8M0_BIAS) << 23).view(torch.float32)
+
+
 def mxfp4_to_nvfp4(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact NVFP4 scales of MXFP4 weights (the codes ``packed`` stay as they are).
 
@@ -498,58 +581,61 @@ def mxfp4_to_nvfp4(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Ten
             a row it cannot hold exactly (the row index, the block, the exponents seen).
     """
     _check_mx_blocks(packed, scale, "mxfp4_to_nvfp4")
-    lead = tuple(packed.shape[:-1])
-    num_blocks = scale.shape[-1]
-    rows = math.prod(lead)
-    codes = packed.reshape(rows, packed.shape[-1])
-    sbytes = as_ue8m0_bytes(scale).reshape(rows, num_blocks)
-    block_out = torch.zeros(rows, 2 * num_blocks, dtype=torch.uint8, device=packed.device)
-    global_bits = torch.full((rows,), UE8M0_BIAS << 23, dtype=torch.int32, device=packed.device)
-    if num_blocks == 0:  # K = 0: nothing to scale, every global scale is 1
-        rows = 0
-    step = max(1, _CONVERT_CHUNK_BLOCKS // max(num_blocks, 1))
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        s = sbytes[r0:r1]
-        nz = _nonzero_blocks(codes[r0:r1], num_blocks)
-        e = s.to(torch.int16) - UE8M0_BIAS
-        e_max = torch.where(nz, e, torch.full_like(e, -1000)).amax(dim=-1)
-        e_min = torch.where(nz, e, torch.full_like(e, 1000)).amin(dim=-1)
-        has = nz.any(dim=-1)
-        log2_global = torch.where(has, (e_max - 8).clamp(min=_F32_MIN_NORMAL_EXP),
-                                  torch.zeros_like(e_max))
-        bad = has & (e_min < log2_global + _E4M3_POW2_MIN)
-        nan = s == UE8M0_NAN
-        if bool(torch.stack([nan.any(), bad.any()]).any()):  # one host sync per chunk
-            if bool(nan.any()):
-                i, j = nan.nonzero()[0].tolist()
-                pos = (*_unravel(r0 + i, lead), j)
-                raise ValueError(
-                    f"mxfp4_to_nvfp4: scale{list(pos)} is 0xFF, the UE8M0 NaN code "
-                    f"({int(nan.sum())} NaN scales in rows {r0}..{r1 - 1} of {rows}); MXFP4 "
-                    "weights must have finite scales")
-            i = int(bad.nonzero()[0, 0])
-            row_e = e[i].tolist()
-            row_nz = nz[i].tolist()
-            lo = int(log2_global[i]) + _E4M3_POW2_MIN
-            j = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
-                     if z and x < lo)
-            j_max = next(b for b, (x, z) in enumerate(zip(row_e, row_nz, strict=True))
-                         if z and x == int(e_max[i]))
-            raise ValueError(
-                f"mxfp4_to_nvfp4: row {list(_unravel(r0 + i, lead))} cannot be held exactly "
-                f"by NVFP4 with one fp32 global scale per row: block {j} (k {32 * j}.."
-                f"{32 * j + 31}) has scale exponent {row_e[j]} but block {j_max} has "
-                f"{int(e_max[i])}; power-of-two e4m3 block scales reach 18 binades, "
-                f"[{lo}, {lo + 17}] here, and this row's non-zero blocks span exponents "
-                f"{int(e_min[i])}..{int(e_max[i])} ({int(bad.sum())} such rows in rows "
-                f"{r0}..{r1 - 1} of {rows})")
+    lead, num_blocks = tuple(packed.shape[:-1]), scale.shape[-1]
+    block_out = torch.zeros(math.prod(lead), 2 * num_blocks, dtype=torch.uint8,
+                            device=packed.device)
+    global_out = torch.ones(math.prod(lead), dtype=torch.float32, device=packed.device)
+    for r0, r1, s, nz, e, log2_global in _mx_rows(packed, scale, "mxfp4_to_nvfp4",
+                                                  _E4M3_POW2_MIN, "NVFP4"):
         block = torch.where(nz, _e4m3_pow2_bytes(e - log2_global.unsqueeze(-1)),
                             torch.zeros_like(s))
         block_out[r0:r1] = block.repeat_interleave(2, dim=-1)
-        global_bits[r0:r1] = (log2_global.to(torch.int32) + UE8M0_BIAS) << 23
+        global_out[r0:r1] = _global_of(log2_global)
     return (block_out.view(torch.float8_e4m3fn).reshape(*lead, 2 * num_blocks),
-            global_bits.view(torch.float32).reshape(lead))
+            global_out.reshape(lead))
+
+
+def mxfp4_kernel_scales(packed: torch.Tensor, scale: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 scales in the form the MoE's GPU kernels decode natively (one UE8M0 byte per 32 k
+    inside :data:`MXFP4_KERNEL_SCALE_BYTES`, module docstring), exactly; the codes ``packed``
+    stay as they are.
+
+    Per row, as :func:`mxfp4_to_nvfp4`: ``global = 2^max(e_max - 8, -126)``, and each block's
+    scale becomes ``2^(e - log2(global))`` (a UE8M0 byte of at most 135); blocks of only +-0
+    codes take 1.0 (byte 127), rows of only such blocks ``global = 1``. Then
+    ``dequantize(packed, kernel_scale, global)`` equals ``mxfp4_dequantize(packed, scale)``
+    bitwise, and the GEMMs see the same bf16 weights as on the :func:`mxfp4_to_nvfp4` form.
+
+    **Representable inputs:** every scale finite, and in every row every non-zero block has
+    ``e >= e_max - 126`` (127 binades per row: every real checkpoint).
+
+    Args:
+        packed: ``uint8 [..., K/2]`` codes, ``K % 32 == 0`` (read to find all-zero blocks).
+        scale: ``uint8`` or ``float8_e8m0fnu [..., K/32]`` UE8M0 scales, same device.
+
+    Returns:
+        ``(kernel_scale float8_e8m0fnu [..., K/32], global_scale float32 [...])``, contiguous:
+        the ``w13_scale`` / ``w13_global [E, 2I]`` (or ``w2_*``) of :func:`nvfp4_ops.moe`.
+        A load-time step (a host sync per chunk of rows), as :func:`mxfp4_to_nvfp4`.
+
+    Raises:
+        TypeError / ValueError: dtypes, shapes or devices; a NaN scale (position and count);
+            a row it cannot hold exactly (the row index, the block, the exponents seen).
+    """
+    _check_mx_blocks(packed, scale, "mxfp4_kernel_scales")
+    lead, num_blocks = tuple(packed.shape[:-1]), scale.shape[-1]
+    lowest = MXFP4_KERNEL_SCALE_BYTES[0] - UE8M0_BIAS
+    scale_out = torch.full((math.prod(lead), num_blocks), UE8M0_BIAS, dtype=torch.uint8,
+                           device=packed.device)
+    global_out = torch.ones(math.prod(lead), dtype=torch.float32, device=packed.device)
+    for r0, r1, s, nz, e, log2_global in _mx_rows(packed, scale, "mxfp4_kernel_scales",
+                                                  lowest, "the MoE kernels' UE8M0 scales"):
+        rebased = (e - log2_global.unsqueeze(-1) + UE8M0_BIAS).clamp(0, 254).to(torch.uint8)
+        scale_out[r0:r1] = torch.where(nz, rebased, torch.full_like(s, UE8M0_BIAS))
+        global_out[r0:r1] = _global_of(log2_global)
+    return (scale_out.view(torch.float8_e8m0fnu).reshape(*lead, num_blocks),
+            global_out.reshape(lead))
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

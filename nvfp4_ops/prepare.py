@@ -10,7 +10,9 @@ of tensors (so they are tested on the GPU without vLLM, and usable without it):
 * :func:`prepare_moe`: NVFP4 routed experts: the codes in the ``wperm`` bit order on CUDA where
   the MoE kernels read it;
 * :func:`prepare_mxfp4_moe`: MXFP4 routed experts (DeepSeek's releases): the UE8M0 scales
-  converted exactly (:func:`nvfp4_ops.mxfp4_to_nvfp4`), then as :func:`prepare_moe`.
+  converted exactly to NVFP4's (:func:`nvfp4_ops.mxfp4_to_nvfp4`) or rebased into the form
+  the MoE kernels read natively (:func:`nvfp4_ops.mxfp4_kernel_scales`), then as
+  :func:`prepare_moe`.
 
 Each returns the flag the op must then be called with (``wfrag=`` / ``wperm=``). ``None`` for
 the order argument means "where it pays": on CUDA tensors (and, for the MoE, at sizes whose
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4_ops import _env
 from nvfp4_ops._validate import NVFP4InputError, check_linear_weights, check_moe_weights
-from nvfp4_ops.ops.mxfp4 import mxfp4_to_nvfp4
+from nvfp4_ops.ops.mxfp4 import mxfp4_kernel_scales, mxfp4_to_nvfp4
 from nvfp4_ops.ops.wfrag import to_wfrag_
 from nvfp4_ops.ops.wperm import to_wperm_
 
@@ -36,6 +39,12 @@ def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
     from nvfp4_ops.kernels.dispatch import moe_wperm_supported as supported
 
     return supported(hidden_size, inter)
+
+
+def _moe_mx_supported(hidden_size: int, inter: int) -> bool:
+    from nvfp4_ops.kernels.dispatch import moe_mx_supported
+
+    return moe_mx_supported(hidden_size, inter)
 
 
 def _contiguous_in_place(t: torch.Tensor, where: str, name: str) -> None:
@@ -128,31 +137,49 @@ def prepare_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w13_global: torch.Te
 
 def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                       w2_scale: torch.Tensor, *, wperm: bool | None = None,
-                      where: str = "nvfp4.moe", names: tuple[str, str] = ("w13", "w2")):
+                      native: bool | None = None, where: str = "nvfp4.moe",
+                      names: tuple[str, str] = ("w13", "w2")):
     """Prepare one MoE layer's MXFP4 experts (e2m1 codes, one UE8M0 scale per 32 k) for
-    :func:`nvfp4_ops.moe`: the scales converted exactly to NVFP4's (e4m3 per 16 and one fp32
-    global scale per row; the codes are NVFP4's already and stay in place), then
-    :func:`prepare_moe`.
+    :func:`nvfp4_ops.moe`, exactly: the scales converted to NVFP4's (e4m3 per 16 k,
+    :func:`nvfp4_ops.mxfp4_to_nvfp4`) or, ``native``, kept one UE8M0 byte per 32 k in the form
+    the MoE kernels read as they are (:func:`nvfp4_ops.mxfp4_kernel_scales`: 6 % fewer bytes
+    per weight); either way with one fp32 global scale per row. The codes are NVFP4's already
+    and stay in place. Then :func:`prepare_moe`.
 
     Args:
         w13: ``uint8 [E, 2I, H/2]``; w13_scale: UE8M0 bytes (``uint8`` or
             ``float8_e8m0fnu``) ``[E, 2I, H/32]``; w2: ``uint8 [E, H, I/2]``; w2_scale:
             ``[E, H, I/32]``.
         wperm, where: as :func:`prepare_moe`.
+        native: keep UE8M0 scales (None: ``NVFP4_OPS_MXFP4_SCALES``, default ``convert``).
+            On CUDA this needs :func:`nvfp4_ops.kernels.dispatch.moe_mx_supported` sizes
+            (V4-Flash and V4-Pro: yes).
         names: how a conversion error names the two scale tensors (after ``where``), e.g.
             the parameter names of the caller's module.
 
     Returns:
-        ``(w13_scale e4m3 [E, 2I, H/16], w13_global f32 [E, 2I], w2_scale e4m3 [E, H, I/16],
-        w2_global f32 [E, H], wperm)``: the op's scale arguments and its ``wperm=`` flag. The
-        caller frees the UE8M0 tensors.
+        ``(w13_scale, w13_global f32 [E, 2I], w2_scale, w2_global f32 [E, H], wperm)``: the
+        op's scale arguments (e4m3 ``[E, 2I, H/16]`` / ``[E, H, I/16]``, or ``native``
+        ``float8_e8m0fnu [E, 2I, H/32]`` / ``[E, H, I/32]``) and its ``wperm=`` flag. The
+        caller frees the checkpoint's UE8M0 tensors.
 
     Raises:
         NVFP4InputError: as :func:`nvfp4_ops.mxfp4_to_nvfp4` (a NaN scale, a row the form
-            cannot hold exactly; named with ``where``, the tensor, the row and the block) and
-            :func:`prepare_moe`.
+            cannot hold exactly; named with ``where``, the tensor, the row and the block),
+            ``native`` on CUDA at sizes whose kernels cannot read it, and :func:`prepare_moe`.
+        nvfp4_ops.NVFP4EnvError: ``NVFP4_OPS_MXFP4_SCALES`` holds something else.
     """
-    s13, g13 = mxfp4_to_nvfp4(w13, w13_scale, name=f"{where}: {names[0]}")
-    s2, g2 = mxfp4_to_nvfp4(w2, w2_scale, name=f"{where}: {names[1]}")
+    if native is None:
+        native = _env.mxfp4_native()
+    if native and w13.is_cuda and w13.dim() == w2.dim() == 3:  # (bad shapes: named below)
+        hidden_size, inter = w2.shape[1], w13.shape[1] // 2
+        if not _moe_mx_supported(hidden_size, inter):
+            raise NVFP4InputError(
+                f"{where}: native MXFP4 scales at H={hidden_size}, I={inter} have no kernel "
+                "that reads them at every token tile; prepare with native=False "
+                "(NVFP4_OPS_MXFP4_SCALES=convert)")
+    rescale = mxfp4_kernel_scales if native else mxfp4_to_nvfp4
+    s13, g13 = rescale(w13, w13_scale, name=f"{where}: {names[0]}")
+    s2, g2 = rescale(w2, w2_scale, name=f"{where}: {names[1]}")
     flag = prepare_moe(w13, s13, g13, w2, s2, g2, wperm=wperm, where=where)
     return s13, g13, s2, g2, flag

@@ -3,6 +3,9 @@
 on the converted weights (one global scale per row) matches an independent reference computed
 from the MXFP4 tensors: V4-Flash and V4-Pro H/I with few experts, several T, EP with
 ``expert_start > 0``, the ``wperm`` order, CUDA-graph replay with new routing, torch.compile.
+The kernels' native form (``nvfp4::mxfp4_kernel_scales``: UE8M0 scales read by the ``mx``
+kernel variants) gives bitwise the converted form's result at every token tile, and the same
+checks hold on it.
 
 Every MoE test runs the real CUDA path: the module fixture checks that the op dispatches to
 ``moe_cuda`` (as tests/test_moe_gpu.py does).
@@ -38,10 +41,13 @@ class Mxfp4Experts:
     g13: torch.Tensor | None = None  # fp32 [E, 2I]
     b2: torch.Tensor | None = None  # e4m3 [E, H, I/16]
     g2: torch.Tensor | None = None  # fp32 [E, H]
+    n13: torch.Tensor | None = None  # the kernels' UE8M0 form, float8_e8m0fnu [E, 2I, H/32]
+    n2: torch.Tensor | None = None  # float8_e8m0fnu [E, H, I/32] (same global scales)
 
-    def args(self, w13=None, w2=None) -> tuple[torch.Tensor, ...]:
-        return (self.w13 if w13 is None else w13, self.b13, self.g13,
-                self.w2 if w2 is None else w2, self.b2, self.g2)
+    def args(self, w13=None, w2=None, native=False) -> tuple[torch.Tensor, ...]:
+        s13, s2 = (self.n13, self.n2) if native else (self.b13, self.b2)
+        return (self.w13 if w13 is None else w13, s13, self.g13,
+                self.w2 if w2 is None else w2, s2, self.g2)
 
 
 def _mx_proj(rows, k, std, gen, row_binades=10, block_binades=6):
@@ -68,6 +74,9 @@ def _mx_experts(shape, seed, num_experts=NUM_EXPERTS) -> Mxfp4Experts:
     mx = Mxfp4Experts(w13, s13, w2, s2)
     mx.b13, mx.g13 = nvfp4_ops.mxfp4_to_nvfp4(w13, s13, name="w13")
     mx.b2, mx.g2 = nvfp4_ops.mxfp4_to_nvfp4(w2, s2, name="w2")
+    mx.n13, g13 = nvfp4_ops.mxfp4_kernel_scales(w13, s13, name="w13")
+    mx.n2, g2 = nvfp4_ops.mxfp4_kernel_scales(w2, s2, name="w2")
+    assert torch.equal(g13, mx.g13) and torch.equal(g2, mx.g2)  # one rule for both forms
     return mx
 
 
@@ -288,3 +297,119 @@ def test_torch_compile_fullgraph_matches_eager(flash):
 def test_opcheck_conversion_cuda(flash):
     torch.library.opcheck(torch.ops.nvfp4.mxfp4_to_nvfp4.default,
                           (flash.w2[:2].contiguous(), flash.s2[:2].contiguous()))
+
+
+# ---------------------------------------------------------------- the kernels' UE8M0 form
+
+
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_native_scales_cuda_equal_cpu_bitwise(flash, pro, shape_name):
+    _, mx = _shape_and_experts(shape_name, flash, pro)
+    for codes, scale, native in ((mx.w13, mx.s13, mx.n13), (mx.w2, mx.s2, mx.n2)):
+        cpu_native, _ = nvfp4_ops.mxfp4_kernel_scales(codes.cpu(), scale.cpu())
+        assert native.is_cuda and native.dtype == torch.float8_e8m0fnu
+        assert torch.equal(native.view(torch.uint8).cpu(), cpu_native.view(torch.uint8))
+
+
+#: token counts that reach every tile class at 8 experts (streamed 8 persistent and not,
+#: WGMMA 16-64, 128 with four row warpgroups, 256), checked in the test
+NATIVE_TOKENS = [1, 4, 8, 20, 37, 100, 199]
+
+
+@pytest.mark.parametrize("routing", ["uniform", "skew"])
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_native_moe_is_bitwise_the_converted_result(flash, pro, shape_name, routing):
+    """The ``mx`` kernels on UE8M0 scales (wperm codes, as the glue prepares them) against the
+    NVFP4 kernels on the converted scales: the same bf16 weights reach the same MMAs in the
+    same order, so every T gives bitwise the same output; one T also against the reference."""
+    shape, mx = _shape_and_experts(shape_name, flash, pro)
+    w13, w2 = mx.w13.clone(), mx.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    tiles = set()
+    for num_tokens in NATIVE_TOKENS:
+        plan = nvfp4_ops.kernels.dispatch.plan_moe(
+            num_tokens, shape.top_k, NUM_EXPERTS, shape.hidden, shape.intermediate,
+            order=nvfp4_ops.kernels.dispatch.WeightOrder.WPERM, mx=True)
+        tiles.add(plan.block_m)
+        torch.manual_seed(60 + num_tokens)
+        hidden = _hidden(num_tokens, shape.hidden)
+        if routing == "skew":
+            ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+            hot = torch.tensor([2, 5], device="cuda", dtype=ids.dtype)
+            ids[: 2 * num_tokens // 3 + 1, :2] = hot
+            rest = ids[: 2 * num_tokens // 3 + 1, 2:]
+            rest[torch.isin(rest, hot)] = 7 - rest[torch.isin(rest, hot)]  # keep ids distinct
+        else:
+            ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+        kw = dict(swiglu_limit=shape.swiglu_limit, output_scale=1.5, wperm=True)
+        want = nvfp4_ops.moe(hidden, ids, weights, *mx.args(w13, w2), **kw)
+        _poison_allocator(2**28)
+        got = nvfp4_ops.moe(hidden, ids, weights, *mx.args(w13, w2, native=True), **kw)
+        assert torch.equal(got, want), f"{shape_name} {routing} T={num_tokens}"
+        if num_tokens == 37:
+            ref = _reference(hidden, ids, weights, mx, 0, shape.swiglu_limit, 1.5)
+            assert_moe_close(got, ref, f"native {shape_name} {routing} T={num_tokens}")
+    assert {8, 16, 64, 128, 256} <= tiles, tiles
+
+
+@pytest.mark.parametrize("num_tokens", [1, 199])
+def test_native_expert_parallel_slice(pro, num_tokens):
+    start, total = 16, 32
+    torch.manual_seed(70 + num_tokens)
+    hidden = _hidden(num_tokens, PRO.hidden)
+    ids, weights = random_routing(num_tokens, total, PRO.top_k, device="cuda")
+    ids[0] = torch.tensor([0, 1, 2, 3, 30, 31], device="cuda", dtype=ids.dtype)
+    kw = dict(expert_start=start, global_num_experts=total, swiglu_limit=PRO.swiglu_limit,
+              output_scale=1.5)
+    got = nvfp4_ops.moe(hidden, ids, weights, *pro.args(native=True), **kw)
+    want = nvfp4_ops.moe(hidden, ids, weights, *pro.args(), **kw)
+    assert torch.equal(got, want)
+    assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
+
+
+@pytest.mark.parametrize("num_tokens", [8, 100])
+def test_native_cuda_graph_replay_with_new_routing(flash, num_tokens):
+    """Warmed from the layer (MXFP4 form), captured once, replayed with new inputs and
+    routing: each replay equals the eager call on the converted form."""
+    nvfp4_ops.warmup(layers=[nvfp4_ops.MoELayer(NUM_EXPERTS, FLASH.hidden, FLASH.intermediate,
+                                                FLASH.top_k, wperm=True, mx=True)])
+    w13, w2 = flash.w13.clone(), flash.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    native, converted = flash.args(w13, w2, native=True), flash.args(w13, w2)
+    torch.manual_seed(80 + num_tokens)
+    hidden = _hidden(num_tokens, FLASH.hidden)
+    ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
+    kw = dict(swiglu_limit=FLASH.swiglu_limit, output_scale=1.5, wperm=True)
+    graph, static_out = capture_graph(lambda: nvfp4_ops.moe(hidden, ids, weights, *native,
+                                                            **kw), warm_calls=2)
+    for step in range(3):
+        new_ids, new_weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k,
+                                              device="cuda")
+        hidden.copy_(_hidden(num_tokens, FLASH.hidden))
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = nvfp4_ops.moe(hidden, ids, weights, *converted, **kw)
+        assert torch.equal(static_out, want), f"replay {step}"
+
+
+def test_native_torch_compile_fullgraph_matches_eager(flash):
+    torch._dynamo.reset()
+    args = flash.args(native=True)
+
+    def layer(hidden, ids, weights):
+        return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
+                             output_scale=1.5)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for num_tokens in (5, 130):
+        torch.manual_seed(90 + num_tokens)
+        hidden = _hidden(num_tokens, FLASH.hidden)
+        ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
+        for t in (hidden, ids, weights):
+            torch._dynamo.mark_dynamic(t, 0)
+        assert torch.equal(compiled(hidden, ids, weights), layer(hidden, ids, weights))

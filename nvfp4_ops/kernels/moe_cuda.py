@@ -318,9 +318,13 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
     ``global_num_experts`` only sizes the token tile (:func:`nvfp4_ops.kernels.dispatch.
     plan_moe`); the ids were checked against it by the op.
 
+    MXFP4 scales (``float8_e8m0fnu``, the op validated both) run the kernels' UE8M0 variants.
+
     Raises:
         NVFP4InputError: ``wperm`` weights at sizes whose kernels cannot read them at every
-            token tile (:func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported`).
+            token tile (:func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported`), or MXFP4
+            scales at sizes whose kernels cannot read those
+            (:func:`nvfp4_ops.kernels.dispatch.moe_mx_supported`).
     """
     num_tokens, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
@@ -332,9 +336,17 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
                               "kernels that read that order at every token tile, and these "
                               "sizes have none (dispatch.moe_wperm_supported); pass checkpoint-"
                               "order weights")
+    mx = w13_scale.dtype == torch.float8_e8m0fnu
+    if mx and dispatch.moe_supported(hidden_size, inter) and not (
+            dispatch.moe_mx_supported(hidden_size, inter)):
+        raise NVFP4InputError(f"nvfp4.moe: MXFP4 scales (float8_e8m0fnu) at H={hidden_size}, "
+                              f"I={inter} need kernels that read them at every token tile, and "
+                              "these sizes have none (dispatch.moe_mx_supported: H and I "
+                              "multiples of 512); convert them with nvfp4_ops.mxfp4_to_nvfp4")
     plan = dispatch.plan_moe(num_tokens, topk_ids.shape[1], w13.shape[0], hidden_size, inter,
                              global_num_experts=global_num_experts,
-                             order=WeightOrder.WPERM if wperm else WeightOrder.CHECKPOINT)
+                             order=WeightOrder.WPERM if wperm else WeightOrder.CHECKPOINT,
+                             mx=mx)
     if plan is None:
         from nvfp4_ops.reference import moe_reference
 

@@ -142,6 +142,12 @@ def moe(
         w2: ``uint8 [E, H, I/2]``; w2_scale: ``float8_e4m3fn [E, H, I/16]`` (or its bytes
             as ``uint8``);
             w2_global: ``float32 [E]``, or ``[E, H]``: one per row.
+            **MXFP4** (DeepSeek's own checkpoints): ``w13_scale`` / ``w2_scale`` as
+            ``float8_e8m0fnu [E, 2I, H/32]`` / ``[E, H, I/32]``, one UE8M0 scale per 32 k
+            in the kernels' form (bytes in ``[9, 135]``, with per-row global scales:
+            :func:`nvfp4_ops.mxfp4_kernel_scales`), read by the GPU kernels as they are
+            (:func:`nvfp4_ops.kernels.dispatch.moe_mx_supported`; V4-Flash and V4-Pro:
+            yes). The codes are the same.
         expert_start: the first global id this rank owns, ``>= 0``.
         global_num_experts: total experts over all ranks, ``>= expert_start + E``; -1 when
             unknown. The debug id check (``NVFP4_OPS_VALUE_CHECKS=1``) refuses ids outside

@@ -1,7 +1,12 @@
-"""``nvfp4::mxfp4_to_nvfp4``: MXFP4 weights on the NVFP4 kernels, exactly, by a load-time
-conversion of their scales (:func:`nvfp4_ops.format.mxfp4_to_nvfp4`; the codes are unchanged).
+"""``nvfp4::mxfp4_to_nvfp4`` and ``nvfp4::mxfp4_kernel_scales``: MXFP4 weights on the MoE
+kernels, exactly, by a load-time rewrite of their scales (the codes are unchanged).
 
-Why a conversion and not a separate kernel family: MXFP4 and NVFP4 share the e2m1 codes and
+Two forms. :func:`mxfp4_to_nvfp4` converts the scales to NVFP4's (e4m3 per 16 k, 0.5625
+bytes per weight), which every kernel reads. :func:`mxfp4_kernel_scales` keeps one UE8M0 byte
+per 32 k (0.53 bytes per weight), rebased per row into the window the MoE's kernels decode
+natively (:data:`nvfp4_ops.format.MXFP4_KERNEL_SCALE_BYTES`); ``nvfp4::moe`` takes either.
+
+Why the conversion works at all: MXFP4 and NVFP4 share the e2m1 codes and
 their byte order, and a UE8M0 scale is a power of two, which e4m3 holds exactly over 18
 binades. With one fp32 global scale **per row** (the MoE and linear GEMMs already read global
 scales through per-row views) every MXFP4 row of DeepSeek's checkpoints becomes NVFP4 whose
@@ -25,39 +30,42 @@ from nvfp4_ops import format as fmt
 from nvfp4_ops._library import qualname
 from nvfp4_ops._validate import NVFP4InputError, expect_dtype, expect_same_device
 
-__all__ = ["mxfp4_to_nvfp4"]
+__all__ = ["mxfp4_kernel_scales", "mxfp4_to_nvfp4"]
 
-_OP = "nvfp4.mxfp4_to_nvfp4"
 UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 
 
-def _check_meta(weight: torch.Tensor, scale: torch.Tensor) -> None:
-    expect_dtype(_OP, "weight", weight, torch.uint8)
-    expect_dtype(_OP, "scale", scale, *UE8M0_DTYPES)
+def _check_meta(op: str, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    expect_dtype(op, "weight", weight, torch.uint8)
+    expect_dtype(op, "scale", scale, *UE8M0_DTYPES)
     if weight.dim() == 0:
-        raise NVFP4InputError(f"{_OP}: weight must be uint8 [..., K/2], got a scalar")
+        raise NVFP4InputError(f"{op}: weight must be uint8 [..., K/2], got a scalar")
     k = weight.shape[-1] * 2
     want = (*weight.shape[:-1], k // fmt.MXFP4_BLOCK_SIZE)
     if k % fmt.MXFP4_BLOCK_SIZE or tuple(scale.shape) != want:
         raise NVFP4InputError(
-            f"{_OP}: scale must have shape [..., K/32] = {want} for weight of shape "
+            f"{op}: scale must have shape [..., K/32] = {want} for weight of shape "
             f"{tuple(weight.shape)} (K = {k}, K % 32 == 0), got {tuple(scale.shape)}")
-    expect_same_device(_OP, {"weight": weight, "scale": scale})
+    expect_same_device(op, {"weight": weight, "scale": scale})
+
+
+def _run(op: str, convert, weight: torch.Tensor, scale: torch.Tensor):
+    _check_meta(op, weight, scale)
+    try:
+        return convert(weight, scale)
+    except ValueError as e:
+        raise NVFP4InputError(f"nvfp4.{e}") from None
 
 
 @torch.library.custom_op(qualname("mxfp4_to_nvfp4"), mutates_args=())
 def _mxfp4_to_nvfp4_op(weight: torch.Tensor, scale: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_meta(weight, scale)
-    try:
-        return fmt.mxfp4_to_nvfp4(weight, scale)
-    except ValueError as e:
-        raise NVFP4InputError(f"nvfp4.{e}") from None
+    return _run("nvfp4.mxfp4_to_nvfp4", fmt.mxfp4_to_nvfp4, weight, scale)
 
 
 @_mxfp4_to_nvfp4_op.register_fake
 def _(weight, scale):
-    _check_meta(weight, scale)
+    _check_meta("nvfp4.mxfp4_to_nvfp4", weight, scale)
     lead = tuple(weight.shape[:-1])
     k = weight.shape[-1] * 2
     return (weight.new_empty((*lead, k // fmt.BLOCK_SIZE), dtype=torch.float8_e4m3fn),
@@ -102,5 +110,53 @@ def mxfp4_to_nvfp4(weight: torch.Tensor, scale: torch.Tensor, *, name: str = "we
     """
     try:
         return torch.ops.nvfp4.mxfp4_to_nvfp4(weight, scale)
+    except NVFP4InputError as e:
+        raise NVFP4InputError(f"{name}: {e}") from None
+
+
+@torch.library.custom_op(qualname("mxfp4_kernel_scales"), mutates_args=())
+def _mxfp4_kernel_scales_op(weight: torch.Tensor, scale: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run("nvfp4.mxfp4_kernel_scales", fmt.mxfp4_kernel_scales, weight, scale)
+
+
+@_mxfp4_kernel_scales_op.register_fake
+def _(weight, scale):
+    _check_meta("nvfp4.mxfp4_kernel_scales", weight, scale)
+    return (scale.new_empty(scale.shape, dtype=torch.float8_e8m0fnu),
+            weight.new_empty(tuple(weight.shape[:-1]), dtype=torch.float32))
+
+
+def mxfp4_kernel_scales(weight: torch.Tensor, scale: torch.Tensor, *, name: str = "weight"
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 scales in the form the MoE's GPU kernels read natively
+    (``torch.ops.nvfp4.mxfp4_kernel_scales``): one UE8M0 byte per 32 k, rebased per row into
+    ``[9, 135]`` (``2^-118 .. 2^8``), and one fp32 global scale per row.
+
+    The codes ``weight`` are used unchanged; ``nvfp4_ops.format.dequantize(weight,
+    kernel_scale, global_scale)`` is bitwise ``nvfp4_ops.format.mxfp4_dequantize(weight,
+    scale)``, and the
+    GEMMs see the same bf16 weights as on the :func:`mxfp4_to_nvfp4` form (the same per-row
+    rule: ``global_scale = 2^max(e_max - 8, -126)``). 0.53 bytes per weight instead of 0.5625.
+
+    **Representable inputs**: no scale is 0xFF (NaN), and in every row each block holding a
+    non-zero code has ``e >= e_max - 126`` (127 binades: every real checkpoint).
+
+    Args:
+        weight: ``uint8 [..., K/2]`` MXFP4 codes, ``K % 32 == 0``; e.g. vLLM's
+            ``w13_weight [E, 2I, H/2]``.
+        scale: ``uint8`` or ``float8_e8m0fnu [..., K/32]`` UE8M0 scales, same device.
+        name: what the error messages call the tensor.
+
+    Returns:
+        ``(kernel_scale float8_e8m0fnu [..., K/32], global_scale float32 [...])``: the
+        ``w13_scale`` / ``w13_global [E, 2I]`` (or ``w2_*``, ``[E, H]``) of
+        :func:`nvfp4_ops.moe`.
+
+    Raises:
+        NVFP4InputError: as :func:`mxfp4_to_nvfp4` (every message starts with ``name``).
+    """
+    try:
+        return torch.ops.nvfp4.mxfp4_kernel_scales(weight, scale)
     except NVFP4InputError as e:
         raise NVFP4InputError(f"{name}: {e}") from None

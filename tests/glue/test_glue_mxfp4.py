@@ -293,3 +293,35 @@ def test_wperm_after_conversion_in_place_and_exact(vllm_cpu, tmp_path, monkeypat
     got, x, ids, w = wperm_in_place_and_exact(ckpt, str(tmp_path), seed=900)
     ref = ckpt.routed_reference(1, x, ids, w, bf16_activation=True)
     assert _rel(got, ref.to(torch.bfloat16)) < 1e-3
+
+
+def test_native_scales_load_exact_and_give_the_converted_answer(processed, tmp_path,
+                                                                monkeypatch):
+    """``NVFP4_OPS_MXFP4_SCALES=native``: the scales stay one UE8M0 byte per 32 k (the kernels'
+    form, per-row global scales as the conversion's), dequantize bitwise to the checkpoint's
+    MXFP4 weights, and the routed experts give bitwise the converted model's output."""
+    from nvfp4_ops import format as fmt
+
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "native")
+    ckpt = processed["ckpt"]
+    with built_model(Checkpoint("mxfp4", seed=2024), "native", str(tmp_path)) as eng:
+        process(eng)
+        for layer in range(LAYERS):
+            rx = _routed(eng["model"], layer)
+            conv = _routed(processed["model"], layer)
+            assert rx.w13_weight_scale.dtype == torch.float8_e8m0fnu
+            assert rx.w13_weight_scale.shape == (EXPERTS, 2 * MOE_INTER, HIDDEN // 32)
+            assert rx.w2_weight_scale.shape == (EXPERTS, HIDDEN, MOE_INTER // 32)
+            assert torch.equal(rx.w13_weight_global, conv.w13_weight_global)
+            assert torch.equal(rx.w2_weight_global, conv.w2_weight_global)
+            assert rx.quant_method.describe(rx).mx
+            for e, ex in enumerate(ckpt.layers[layer]["experts"]):
+                got2 = fmt.dequantize(rx.w2_weight[e], rx.w2_weight_scale[e],
+                                      rx.w2_weight_global[e])
+                assert torch.equal(got2, dequant_mxfp4(ex["w2"])), (layer, e)
+            x, tok = _inputs(ckpt, layer, seed=950 + layer)
+            ids, w, _ = ckpt.route(layer, x, tok)
+            with torch.no_grad():
+                got = rx.forward_modular(x, w.float(), ids.to(torch.int32))
+                want = conv.forward_modular(x, w.float(), ids.to(torch.int32))
+            assert torch.equal(got, want), layer

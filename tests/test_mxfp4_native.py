@@ -1,0 +1,308 @@
+"""MXFP4 scales in the form the MoE kernels read natively (one UE8M0 byte per 32 k, rebased per
+row into ``format.MXFP4_KERNEL_SCALE_BYTES``, one fp32 global scale per row), on the CPU: the
+rebase is exact and refuses what it cannot hold, ``nvfp4::moe`` takes the form (op, fake,
+checks) and gives bitwise the result of the NVFP4 conversion, the dispatch plans the kernels'
+``mx`` variants, the load-time preparation and its switch. The variants' compile and PTX facts
+are in ``test_kernels_compile.py``; the GPU runs in ``test_mxfp4_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import nvfp4_ops
+from nvfp4_ops import format as fmt
+from nvfp4_ops.kernels import dispatch
+from nvfp4_ops.testing import random_routing
+
+E8M0 = torch.float8_e8m0fnu
+LO, HI = fmt.MXFP4_KERNEL_SCALE_BYTES
+
+
+def _mx_tensor(shape, gen, row_lo=-100, row_hi=100, span=18):
+    """Random MXFP4 ``(packed, scale)``: per-row top exponents in ``[row_lo, row_hi)``, each
+    row's blocks spread over ``span`` binades below its top (both ends taken)."""
+    *lead, k = shape
+    nb = k // 32
+    packed = torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, generator=gen)
+    top = torch.randint(row_lo, row_hi, (*lead, 1), generator=gen)
+    offs = torch.randint(0, span, (*lead, nb), generator=gen)
+    offs[..., 0] = 0
+    offs[..., -1] = span - 1
+    packed[..., :16] |= 0x11  # blocks 0 and nb - 1 hold non-zero codes: the span is real
+    packed[..., -16:] |= 0x11
+    scale = (top - offs + 127).clamp(0, 254).to(torch.uint8)
+    return packed, scale
+
+
+def _check_exact(packed, scale, kernel_scale, glob):
+    assert kernel_scale.dtype == E8M0 and kernel_scale.shape == scale.shape
+    assert glob.dtype == torch.float32 and glob.shape == scale.shape[:-1]
+    b = kernel_scale.view(torch.uint8)
+    assert int(b.min()) >= LO and int(b.max()) <= HI
+    got = fmt.dequantize(packed, kernel_scale, glob)
+    want = fmt.mxfp4_dequantize(packed, scale)
+    assert torch.equal(got, want), f"{int((got != want).sum())} values differ"
+
+
+# ---------------------------------------------------------------- the rebase
+
+
+def test_rebase_exact_over_127_binades_per_row():
+    """Rows whose non-zero blocks span the whole 127 binades the window holds, top exponents
+    spread over ~200 binades across the tensor: dequantized bitwise the MXFP4 weights."""
+    gen = torch.Generator().manual_seed(1)
+    packed, scale = _mx_tensor((3, 24, 8192), gen, row_lo=-2, row_hi=126, span=127)
+    # the UE8M0 edge codes 0x00 (2^-127) and 0xFE (2^127, magnitudes < 2: no fp32 overflow)
+    scale[0, 0, :] = 0
+    scale[0, 0, 1] = 126
+    scale[0, 1, :] = 0xFE
+    scale[0, 1, 1] = 0xFE - 126
+    packed[0, 1] &= 0x33
+    kernel_scale, glob = nvfp4_ops.mxfp4_kernel_scales(packed, scale, name="w13")
+    _check_exact(packed, scale, kernel_scale, glob)
+    e = scale.int() - 127
+    assert int(e.max() - e.min()) >= 200
+    mant, _ = torch.frexp(glob)
+    assert (mant == 0.5).all()  # powers of two
+
+
+def test_rebase_is_the_conversion_rule():
+    """Where the NVFP4 conversion holds a tensor, both forms have the same global scales and
+    feed the GEMMs the same bf16 weights (``decode`` without the global scale)."""
+    gen = torch.Generator().manual_seed(2)
+    packed, scale = _mx_tensor((4, 16, 512), gen, span=18)
+    block, glob_nv = nvfp4_ops.mxfp4_to_nvfp4(packed, scale)
+    kernel_scale, glob = nvfp4_ops.mxfp4_kernel_scales(packed, scale)
+    assert torch.equal(glob, glob_nv)
+    assert torch.equal(fmt.decode(packed, kernel_scale), fmt.decode(packed, block))
+    _check_exact(packed, scale, kernel_scale, glob)
+
+
+def test_rebase_of_zero_blocks_and_rows():
+    gen = torch.Generator().manual_seed(3)
+    packed, scale = _mx_tensor((2, 4, 256), gen)
+    packed[0, 0, 16:32] &= 0x88  # block 1: +-0 codes only, any scale
+    scale[0, 0, 1] = 0
+    packed[1, 2] = 0  # a row of zeros
+    scale[1, 2] = 0xFE
+    kernel_scale, glob = fmt.mxfp4_kernel_scales(packed, scale.view(E8M0))
+    _check_exact(packed, scale, kernel_scale, glob)
+    assert kernel_scale.view(torch.uint8)[0, 0, 1] == 127  # zero blocks take 1.0
+    assert glob[1, 2] == 1.0 and (kernel_scale.view(torch.uint8)[1, 2] == 127).all()
+
+
+def test_rebase_chunks_give_the_same_answer(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    packed, scale = _mx_tensor((5, 16, 256), gen, span=60)
+    whole = fmt.mxfp4_kernel_scales(packed, scale)
+    monkeypatch.setattr(fmt, "_CONVERT_CHUNK_BLOCKS", 24)
+    chunked = fmt.mxfp4_kernel_scales(packed, scale)
+    assert torch.equal(whole[0].view(torch.uint8), chunked[0].view(torch.uint8))
+    assert torch.equal(whole[1], chunked[1])
+
+
+def test_rebase_refuses_a_row_beyond_127_binades_and_nan():
+    gen = torch.Generator().manual_seed(5)
+    packed, scale = _mx_tensor((2, 3, 256), gen, row_lo=120, row_hi=121, span=127)
+    nvfp4_ops.mxfp4_kernel_scales(packed, scale)  # 127 binades: fine
+    scale[1, 2, 3] = int(scale[1, 2].max()) - 127  # 128 binades in row (1, 2)
+    packed[1, 2, 48:64] |= 0x01
+    with pytest.raises(nvfp4_ops.NVFP4InputError) as info:
+        nvfp4_ops.mxfp4_kernel_scales(packed, scale, name="layers.3.ffn.experts w2")
+    msg = str(info.value)
+    assert msg.startswith("layers.3.ffn.experts w2: nvfp4.mxfp4_kernel_scales")
+    assert "row [1, 2]" in msg and "block 3" in msg and "127 binades" in msg
+    packed[1, 2, 48:64] &= 0x88  # the block holds only zeros: no constraint
+    _check_exact(packed, scale, *nvfp4_ops.mxfp4_kernel_scales(packed, scale))
+    scale[0, 1, 2] = 0xFF
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match=r"scale\[0, 1, 2\] is 0xFF"):
+        nvfp4_ops.mxfp4_kernel_scales(packed, scale)
+
+
+def test_rebase_op_fake_and_meta_errors():
+    with FakeTensorMode():
+        w = torch.empty(384, 6144, 3584, dtype=torch.uint8)  # V4-Pro w13, never allocated
+        s = torch.empty(384, 6144, 224, dtype=E8M0)
+        kernel_scale, glob = torch.ops.nvfp4.mxfp4_kernel_scales(w, s)
+    assert kernel_scale.shape == (384, 6144, 224) and kernel_scale.dtype == E8M0
+    assert glob.shape == (384, 6144) and glob.dtype == torch.float32
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match="scale must have shape"):
+        nvfp4_ops.mxfp4_kernel_scales(torch.zeros(4, 32, dtype=torch.uint8),
+                                      torch.zeros(4, 3, dtype=torch.uint8))
+    gen = torch.Generator().manual_seed(6)
+    packed, scale = _mx_tensor((2, 8, 128), gen)
+    torch.library.opcheck(torch.ops.nvfp4.mxfp4_kernel_scales.default, (packed, scale),
+                          test_utils=("test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
+# ---------------------------------------------------------------- nvfp4::moe on the form
+
+
+def _experts(num_experts, hidden, inter, seed, span=18):
+    gen = torch.Generator().manual_seed(seed)
+    w13, s13 = _mx_tensor((num_experts, 2 * inter, hidden), gen, -20, 2, span)
+    w2, s2 = _mx_tensor((num_experts, hidden, inter), gen, -20, 2, span)
+    return w13, s13, w2, s2
+
+
+def test_moe_on_kernel_scales_is_bitwise_the_converted_result():
+    """The CPU op on the native form equals the op on the NVFP4 conversion bitwise (same
+    weights, same order of sums), with EP ids outside the rank."""
+    w13, s13, w2, s2 = _experts(4, 256, 128, 7)
+    native = [*nvfp4_ops.mxfp4_kernel_scales(w13, s13), *nvfp4_ops.mxfp4_kernel_scales(w2, s2)]
+    conv = [*nvfp4_ops.mxfp4_to_nvfp4(w13, s13), *nvfp4_ops.mxfp4_to_nvfp4(w2, s2)]
+    hidden = torch.randn(9, 256).to(torch.bfloat16)
+    ids, weights = random_routing(9, 8, 3, device="cpu")
+    kw = dict(expert_start=2, global_num_experts=8, swiglu_limit=7.0, output_scale=1.5)
+    got = nvfp4_ops.moe(hidden, ids, weights, w13, native[0], native[1], w2, native[2],
+                        native[3], **kw)
+    want = nvfp4_ops.moe(hidden, ids, weights, w13, conv[0], conv[1], w2, conv[2], conv[3],
+                         **kw)
+    assert torch.equal(got, want) and got.abs().max() > 0
+    nvfp4_ops.check_moe_weights(w13, native[0], native[1], w2, native[2], native[3])
+
+
+def _moe_args(num_experts=2, hidden=64, inter=32, tokens=3):
+    w13 = torch.zeros(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8)
+    w2 = torch.zeros(num_experts, hidden, inter // 2, dtype=torch.uint8)
+    s13 = torch.full((num_experts, 2 * inter, hidden // 32), 127, dtype=torch.uint8).view(E8M0)
+    s2 = torch.full((num_experts, hidden, inter // 32), 127, dtype=torch.uint8).view(E8M0)
+    g13 = torch.ones(num_experts, 2 * inter)
+    g2 = torch.ones(num_experts, hidden)
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(tokens, 2, dtype=torch.int32)
+    wts = torch.ones(tokens, 2)
+    return dict(hidden=x, topk_ids=ids, topk_weights=wts, w13=w13, w13_scale=s13,
+                w13_global=g13, w2=w2, w2_scale=s2, w2_global=g2)
+
+
+def _call(a):
+    return nvfp4_ops.moe(a["hidden"], a["topk_ids"], a["topk_weights"], a["w13"],
+                         a["w13_scale"], a["w13_global"], a["w2"], a["w2_scale"],
+                         a["w2_global"])
+
+
+@pytest.mark.parametrize("case, word", [
+    ("mixed", "w13_scale and w2_scale must both be"),
+    ("w13 shape", r"w13_scale must have shape \[E, 2I, H/32\]"),
+    ("w2 shape", r"w2_scale must have shape \[E, H, I/32\]"),
+])
+def test_moe_meta_errors_in_op_and_fake(case, word):
+    a = _moe_args()
+    if case == "mixed":
+        a["w2_scale"] = torch.zeros(2, 64, 2, dtype=torch.float8_e4m3fn)
+    elif case == "w13 shape":
+        a["w13_scale"] = torch.zeros(2, 64, 4, dtype=torch.uint8).view(E8M0)
+    else:
+        a["w2_scale"] = torch.zeros(2, 64, 2, dtype=torch.uint8).view(E8M0)
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match=word):
+        _call(a)
+    with FakeTensorMode() as mode, pytest.raises(nvfp4_ops.NVFP4InputError, match=word):
+        _call({k: mode.from_tensor(v) for k, v in a.items()})
+
+
+def test_moe_fake_takes_the_form_without_data():
+    a = _moe_args()
+    with FakeTensorMode() as mode:
+        out = _call({k: mode.from_tensor(v) for k, v in a.items()})
+    assert out.shape == (3, 64) and out.dtype == torch.bfloat16
+    meta = {k: v.to("meta") for k, v in a.items()}
+    assert _call(meta).device.type == "meta"
+
+
+def test_mlp_refuses_mx_scales():
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    w13 = torch.zeros(64, 32, dtype=torch.uint8)
+    s13 = torch.full((64, 2), 127, dtype=torch.uint8).view(E8M0)
+    w2 = torch.zeros(64, 16, dtype=torch.uint8)
+    s2 = torch.full((64, 1), 127, dtype=torch.uint8).view(E8M0)
+    with pytest.raises(nvfp4_ops.NVFP4InputError, match="w13_scale must be float8_e4m3fn"):
+        nvfp4_ops.mlp(x, w13, s13, torch.ones(2), w2, s2, torch.ones(()))
+
+
+@pytest.mark.parametrize("byte", [LO - 1, HI + 1, 0xFF])
+def test_weight_check_refuses_bytes_outside_the_kernels_window(byte):
+    a = _moe_args()
+    bad = a["w2_scale"].view(torch.uint8).clone()
+    bad[1, 5, 0] = byte
+    with pytest.raises(nvfp4_ops.NVFP4InputError) as info:
+        nvfp4_ops.check_moe_weights(a["w13"], a["w13_scale"], a["w13_global"], a["w2"],
+                                    bad.view(E8M0), a["w2_global"], where="layer 3")
+    msg = str(info.value)
+    assert msg.startswith("layer 3: w2_scale") and "at index (1, 5, 0)" in msg
+    assert f"byte {byte:#04x}" in msg and "mxfp4_kernel_scales" in msg
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_mx_plans_are_the_nvfp4_plans_with_mx_scales(shape_name):
+    s = nvfp4_ops.get_shape(shape_name)
+    assert dispatch.moe_mx_supported(s.hidden, s.intermediate)
+    wp = dispatch.WeightOrder.WPERM
+    for t in (1, 8, 100, 512, 2048, 4096, 16384):
+        for e in (s.experts, s.experts // 8):
+            kw = dict(global_num_experts=s.experts, order=wp)
+            nv = dispatch.plan_moe(t, s.top_k, e, s.hidden, s.intermediate, **kw)
+            mx = dispatch.plan_moe(t, s.top_k, e, s.hidden, s.intermediate, mx=True, **kw)
+            assert mx.num_rows == nv.num_rows and mx.block_m == nv.block_m
+            pairs = [(nv.gate_up, mx.gate_up), (nv.down, mx.down)]
+            if nv.hot is not None:
+                pairs += [(nv.hot.gate_up, mx.hot.gate_up), (nv.hot.down, mx.hot.down)]
+            for a, b in pairs:
+                assert b.config.mx and not a.config.mx and b.act_order == a.act_order
+                assert b.config.name == a.config.name.replace("_sm_90a", "_mx_sm_90a")
+
+
+def test_mx_needs_512_k_stages_and_permuted_kernels():
+    assert not dispatch.moe_mx_supported(4096, 2048 + 128)  # I % 512
+    assert dispatch.moe_supported(4096, 2048 + 128)
+    with pytest.raises(ValueError, match="moe_mx_supported"):
+        dispatch.plan_moe(8, 6, 16, 4096, 2048 + 128, mx=True)
+    with pytest.raises(ValueError, match="permuted activations only"):
+        dispatch.plan_gemm(4096, 4096, 8, epilogue="swiglu", grouped=True, mx=True)
+    # the down GEMM's streamed tile keeps its 512-k chunk; no 256-k fallback for mx
+    plan = dispatch.plan_gemm(4096, 2048, 8, epilogue="row_scale", grouped=True,
+                              permuted=True, mx=True)
+    assert plan.config.kc >= 512 and plan.config.s_stride >= plan.config.kc // 32
+    with pytest.raises(ValueError, match="K % 512"):
+        dispatch.plan_gemm(4096, 1280, 8, epilogue="row_scale", grouped=True, permuted=True,
+                           mx=True)
+
+
+# ---------------------------------------------------------------- preparation and its switch
+
+
+def test_prepare_native_and_the_switch(monkeypatch):
+    w13, s13, w2, s2 = _experts(2, 256, 128, 8)
+    s13_in, s2_in = s13.clone(), s2.clone()
+    out = nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2, native=True)
+    assert out[0].dtype == E8M0 and out[0].shape == s13.shape and out[4] is False
+    assert torch.equal(s13, s13_in) and torch.equal(s2, s2_in)  # the inputs are not modified
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", " Native ")
+    assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[2].dtype == E8M0
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "convert")
+    assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[0].dtype == torch.float8_e4m3fn
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "ue8m0")
+    with pytest.raises(nvfp4_ops.NVFP4EnvError, match="NVFP4_OPS_MXFP4_SCALES must be"):
+        nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)
+
+
+def test_warmup_layers_follow_the_switch(monkeypatch):
+    from nvfp4_ops import _warmup
+
+    monkeypatch.delenv("NVFP4_OPS_MXFP4_SCALES", raising=False)
+    assert not any(getattr(x, "mx", False) for x in _warmup.layers_for_shapes(["v4-flash"]))
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "native")
+    layers = _warmup.layers_for_shapes(["v4-flash"])
+    assert [x.wperm for x in layers if isinstance(x, nvfp4_ops.MoELayer) and x.mx] == [True]
+    names = {p.config.name for p in _warmup.plans_for(layers)}
+    s = nvfp4_ops.get_shape("v4-flash")
+    for t in (1, 8, 512, 4096):
+        plan = dispatch.plan_moe(t, 6, s.experts, s.hidden, s.intermediate,
+                                 order=dispatch.WeightOrder.WPERM, mx=True)
+        assert {plan.gate_up.config.name, plan.down.config.name} <= names
