@@ -19,6 +19,8 @@ cycles.
 activations where both GEMMs have them, ``wperm`` weights where its kernels read them, launch
 overlap, the grouped ``m_tiles`` cap).
 
+``--mx`` (with ``--moe``): each GEMM's MXFP4 variant (UE8M0 scales, ``mx``) after it.
+
 ``--variants SHAPE ...``: every GEMM config ``nvfp4_ops.warmup`` reaches for those model
 shapes (dense MLP and the MoE's grouped GEMMs, every token tile and weight order).
 
@@ -130,8 +132,9 @@ def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str
     return out
 
 
-def moe_cases(shape_name: str) -> list[tuple[str, object]]:
-    """``(label, config)`` of the MoE's gate/up and down GEMMs at every token tile."""
+def moe_cases(shape_name: str, mx: bool = False) -> list[tuple[str, object]]:
+    """``(label, config)`` of the MoE's gate/up and down GEMMs at every token tile (``mx``:
+    their MXFP4 variants, UE8M0 scales read natively)."""
     from nvfp4_ops import get_shape
     from nvfp4_ops.kernels import dispatch as D
 
@@ -142,9 +145,10 @@ def moe_cases(shape_name: str) -> list[tuple[str, object]]:
     for bm in D.BLOCK_MS:
         # a token count that lands on this tile (the mean rows per expert), with many tiles
         tokens = max(1, bm * s.experts // s.top_k)
-        plan = D.plan_moe(tokens, s.top_k, s.experts, h, i, order=order, block_m=bm)
-        out += [(f"{shape_name} gate/up tile {bm}", plan.gate_up.config),
-                (f"{shape_name} down tile {bm}", plan.down.config)]
+        plan = D.plan_moe(tokens, s.top_k, s.experts, h, i, order=order, block_m=bm, mx=mx)
+        tag = " mx" if mx else ""
+        out += [(f"{shape_name}{tag} gate/up tile {bm}", plan.gate_up.config),
+                (f"{shape_name}{tag} down tile {bm}", plan.down.config)]
     return out
 
 
@@ -173,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the checkpoint weight order instead of prepared (wfrag + wperm)")
     p.add_argument("--moe", metavar="SHAPE",
                    help="the MoE GEMMs of this model shape at every token tile, not dense ones")
+    p.add_argument("--mx", action="store_true",
+                   help="with --moe: the MXFP4 variants (UE8M0 scales) next to the NVFP4 ones")
     p.add_argument("--variants", nargs="+", metavar="SHAPE",
                    help="every config nvfp4_ops.warmup reaches for these model shapes")
     p.add_argument("--ptx-hash", action="store_true",
@@ -186,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = variant_cases(args.variants)
     elif args.moe:
         cases = moe_cases(args.moe)
+        if args.mx:  # each MXFP4 case right after its NVFP4 twin
+            cases = [c for pair in zip(cases, moe_cases(args.moe, mx=True), strict=True)
+                     for c in pair]
     else:
         cases = dense_cases(args.nk, args.ms, prepared)
     if args.ptx_hash:
