@@ -236,9 +236,9 @@ def test_flexible_width_cost():
 
 def test_flexible_width_in_the_moe_plan():
     """The op's plan runs its 64-256-row tiles (two or more row warpgroups) at flexible
-    width, hot tile included, and its 128-row tiles with four row warpgroups
-    (``GROUPED_ROW_WGS``); the 8-32 tiles, ``flex=False`` plans and dense GEMMs never run
-    flexible widths."""
+    width, hot tile included, and its 128-row tiles (and V4-Pro's 64-row ones, K >= 3072)
+    with four row warpgroups (``GROUPED_ROW_WGS``); the 8-32 tiles, ``flex=False`` plans and
+    dense GEMMs never run flexible widths."""
     seen = set()
     for t in (1, 128, 512, 1024, 2048, 4096, 16384):
         for flex in (True, False):
@@ -251,9 +251,13 @@ def test_flexible_width_in_the_moe_plan():
                 want = D.MOE_FLEX.get(bm, 0) if flex else 0
                 assert getattr(g.config, "flex", 0) == want, (t, flex, bm)
                 if bm >= 64:
-                    assert g.config.row_wgs == D.GROUPED_ROW_WGS.get(bm, 2), (t, bm)
+                    assert g.config.row_wgs == D.grouped_row_wgs(bm, g.config.k), (t, bm)
                     seen.add((bm, g.config.row_wgs))
-    assert {(128, 4), (256, 2), (64, 2)} <= seen, seen
+    assert seen == {(128, 4), (256, 2), (64, 4)}, seen
+    assert D.grouped_row_wgs(64, 3072) == 4 and D.grouped_row_wgs(64, 2048) == 2
+    flash = D.plan_moe(2048, 6, 256, 4096, 2048)  # V4-Flash: the down GEMM (K = 2048) keeps two
+    assert flash.block_m == 64 and flash.down.config.row_wgs == 2
+    assert flash.gate_up.config.row_wgs == 4 and D.grouped_row_wgs(128, 64) == 4
     assert D.plan_moe(4096, 6, 384, 7168, 3072).block_m == 128
     assert D.plan_moe(4096, 6, 384, 7168, 3072, flex=False).block_m == 64
     assert not D.plan_gemm(7168, 18432, 128, m_tiles=4).config.flex

@@ -202,13 +202,16 @@ def test_flexible_width_tiles_every_width(flash, block_m, hot):
     assert torch.equal(got, run(False)), "flexible width differs from whole width"
 
 
-@pytest.mark.parametrize("shape_name,ep", [("v4-flash", 1), ("v4-pro", 1), ("v4-pro", 8)])
-def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
-    """The 128-row grouped tile the dispatch runs with four row warpgroups
-    (``dispatch.GROUPED_ROW_WGS``) gives the reference's output and bitwise the output of the
-    same plan with two (each output element sums the same products in the same order), for
-    experts ending in every width class; V4-Pro as one EP 8 rank too (48 local experts of
-    384, global ids, two thirds of the slots on other ranks' experts)."""
+@pytest.mark.parametrize("shape_name,ep,block_m", [("v4-flash", 1, 128), ("v4-pro", 1, 128),
+                                                    ("v4-pro", 8, 128), ("v4-flash", 1, 64),
+                                                    ("v4-pro", 1, 64), ("v4-pro", 8, 64)])
+def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
+    """The grouped tiles the dispatch runs with four row warpgroups
+    (``dispatch.GROUPED_ROW_WGS``: 128 rows; 64 rows from K = 3072) give the reference's
+    output and bitwise the output of the same plan with two (each output element sums the
+    same products in the same order), for experts ending in every width class; V4-Pro as one
+    EP 8 rank too (48 local experts of 384, global ids, two thirds of the slots on other
+    ranks' experts)."""
     from nvfp4_ops.kernels import dispatch, moe_cuda
     from nvfp4_ops.testing import ep_slice, fast_random_experts
 
@@ -226,8 +229,10 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
     hidden = _hidden(num_tokens, shape.hidden)
     plan = dispatch.plan_moe(num_tokens, shape.top_k, local, shape.hidden,
                              shape.intermediate, global_num_experts=shape.experts,
-                             block_m=128, hot=False)
-    assert {plan.gate_up.config.row_wgs, plan.down.config.row_wgs} == {4}, plan
+                             block_m=block_m, hot=False)
+    wgs = {g: getattr(plan, g).config.row_wgs for g in ("gate_up", "down")}
+    assert wgs == {g: dispatch.grouped_row_wgs(block_m, getattr(plan, g).config.k)
+                   for g in wgs} and 4 in wgs.values(), wgs
     two = dataclasses.replace(plan, **{
         g: dataclasses.replace(getattr(plan, g), config=dataclasses.replace(
             getattr(plan, g).config, row_wgs=2)) for g in ("gate_up", "down")})
@@ -239,7 +244,7 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep):
 
     got = run(plan)
     want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
-    assert_moe_close(got, want, f"{shape_name} ep{ep} four row warpgroups")
+    assert_moe_close(got, want, f"{shape_name} ep{ep} bm{block_m} four row warpgroups")
     assert torch.equal(got, run(two)), "four row warpgroups differ from two"
 
 

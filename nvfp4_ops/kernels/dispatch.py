@@ -54,6 +54,7 @@ from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, pa
 __all__ = [
     "BLOCK_MS",
     "GROUPED_ROW_WGS",
+    "grouped_row_wgs",
     "MOE_TILE_COST",
     "GemmPlan",
     "HotPlan",
@@ -126,13 +127,15 @@ DENSE_TILES = {
 #: grouped ``(block_m, epilogue)`` -> ring stages of the one-row-warpgroup WGMMA tile
 GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 5,
                        (32, "row_scale"): 4, (16, "none"): 4, (32, "none"): 4}
-#: grouped WGMMA tiles of more than two row warpgroups: ``block_m -> row_wgs`` (others take
-#: two). A 128-row tile holds one CTA per SM (its accumulators need ``setmaxnreg``), so four
-#: row warpgroups double the decoding warps per SM and halve the activation reads per weight:
-#: the whole MoE op 0.78-0.87x the time of two at the same tile, bitwise the same outputs; at
-#: 64 rows (two CTAs per SM already) 0.91-1.04x, so it keeps two (DESIGN.md section 8, "Row
-#: warpgroups of the grouped tiles")
-GROUPED_ROW_WGS = {128: 4}
+#: grouped WGMMA tiles of more than two row warpgroups: ``block_m -> (row_wgs, from K)``
+#: (others, and smaller K, take two). A 128-row tile holds one CTA per SM (its accumulators
+#: need ``setmaxnreg``), so four row warpgroups double the decoding warps per SM and halve the
+#: activation reads per weight: the whole MoE op 0.78-0.87x the time of two at the same tile,
+#: bitwise the same outputs. A 64-row tile has two CTAs per SM already; four warpgroups (one
+#: CTA) paid per GEMM at K = 7168 and 3072 (V4-Pro, 0.94-0.98x each, both 0.91-0.94x), not
+#: at 4096 (1.00-1.01x) and lost at 2048 (1.03-1.04x) (DESIGN.md section 8, "Row warpgroups
+#: of the grouped tiles")
+GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
 DENSE_MAX_M_TILES = 16
@@ -489,9 +492,16 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
         if best is not None:
             return dict(row_wgs=best[0], split_k=best[1], stages=0)
     # the most row warpgroups (of the preferred count, two, one) that divide N
-    preferred = GROUPED_ROW_WGS.get(block_m, 2) if grouped else 2
+    preferred = grouped_row_wgs(block_m, k) if grouped else 2
     row_wgs = next(r for r in (preferred, 2, 1) if n_out % (per_wg * r) == 0 or r == 1)
     return dict(row_wgs=row_wgs, split_k=1, stages=0)
+
+
+def grouped_row_wgs(block_m: int, k: int) -> int:
+    """The row warpgroups :data:`GROUPED_ROW_WGS` asks of a grouped ``block_m`` tile with
+    reduction length ``k`` (before N's divisibility is checked)."""
+    row_wgs, min_k = GROUPED_ROW_WGS.get(block_m, (2, 0))
+    return row_wgs if k >= min_k else 2
 
 
 def _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family) -> dict | None:
