@@ -16,6 +16,8 @@
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
+#   mxnative  bench_moe.py with NVFP4_OPS_MXFP4_SCALES=native: MXFP4 read as UE8M0 by the
+#             kernels' mx variants, beside NVFP4 and Humming (both shapes, EP 1, uniform)
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
 #             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
@@ -81,6 +83,12 @@ for part in "$@"; do
       timeout -s KILL 540 python3 benchmarks/bench_moe.py --shapes "$shape" --format nvfp4 mxfp4 \
         --check --time-limit 480 --out-dir "$out" >"$out/bench_moe_$shape.log" 2>&1
       echo "== bench_moe $shape rc=$?"; tail -45 "$out/bench_moe_$shape.log" ;;
+    mxnative)  # MXFP4 with the kernels' own UE8M0 scales beside NVFP4, both shapes, EP 1
+      NVFP4_OPS_MXFP4_SCALES=native timeout -s KILL 540 python3 benchmarks/bench_moe.py \
+        --shapes v4-flash v4-pro --format nvfp4 mxfp4 --tokens 1 8 128 512 4096 \
+        --routing uniform --ep 1 --check --time-limit 480 --out-dir "$out/mxnative" \
+        >"$out/bench_moe_mxnative.log" 2>&1
+      echo "== bench_moe mxnative rc=$?"; tail -30 "$out/bench_moe_mxnative.log" ;;
     tiles)
       timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
         --tokens 512 1024 2048 4096 16384 --routing uniform skew --ep 1 --reps 10 \
