@@ -306,3 +306,32 @@ def test_warmup_layers_follow_the_switch(monkeypatch):
         plan = dispatch.plan_moe(t, 6, s.experts, s.hidden, s.intermediate,
                                  order=dispatch.WeightOrder.WPERM, mx=True)
         assert {plan.gate_up.config.name, plan.down.config.name} <= names
+
+
+def test_warmup_launches_pass_the_checked_form(monkeypatch):
+    """Warm-up's one launch of each MXFP4 variant (``linear_cuda.run_once``) builds UE8M0
+    scales ``[1, N, K/32]`` that the checked launcher accepts; an e4m3-shaped scale tensor is
+    refused for an ``mx`` plan (the binary is a recorder here: nothing runs)."""
+    from nvfp4_ops import _warmup
+    from nvfp4_ops.kernels import linear_cuda
+
+    calls = []
+    monkeypatch.setattr(linear_cuda, "compiled", lambda cfg: lambda *a: calls.append((cfg, a)))
+    s = nvfp4_ops.get_shape("v4-flash")
+    plans = _warmup.plans_for([nvfp4_ops.MoELayer(s.experts, s.hidden, s.intermediate,
+                                                  s.top_k, wperm=True, mx=True)])
+    for plan in plans:
+        linear_cuda.run_once(plan, device="cpu")
+        cfg, args = calls[-1]
+        assert cfg is plan.config and args[2].shape == (1, cfg.n, cfg.k // 32)
+        assert (args[2] == 127).all()  # 1.0, inside the kernels' window
+    plan = plans[0]
+    cfg = plan.config
+    rows = cfg.block_m
+    with pytest.raises(ValueError, match="shape mismatch"):
+        linear_cuda.run_gemm(
+            plan, torch.zeros(rows, cfg.k, dtype=torch.bfloat16),
+            torch.zeros(1, cfg.n, cfg.k // 2, dtype=torch.uint8),
+            torch.zeros(1, cfg.n, cfg.k // 16, dtype=torch.uint8), torch.ones(1, cfg.n),
+            torch.empty(rows, cfg.n_out, dtype=torch.bfloat16),
+            tile_expert=torch.zeros(1, dtype=torch.int32))

@@ -364,7 +364,8 @@ def run_gemm(
         a: bf16 ``[P, K]`` (grouped: rows grouped by expert, each segment padded to the
             plan's ``block_m``).
         w: uint8 ``[G, N, K/2]`` (or ``[N, K/2]``); w_scale: float8_e4m3fn (or its uint8 view)
-            ``[G, N, K/16]`` (or ``[N, K/16]``).
+            ``[G, N, K/16]`` (or ``[N, K/16]``); for a plan with MXFP4 scales (``config.mx``)
+            their UE8M0 bytes ``[G, N, K/32]``.
         w_global: fp32 global scale per weight row: the kernels' own ``[G, H2, N / H2]``
             (``H2 = 2`` for ``swiglu``), any strides, 0 included, passed as a view, never
             copied; with ``check`` also ``[G, N]`` (``[N]`` for one group).
@@ -460,7 +461,8 @@ def _checked_global(cfg, a, w, w_scale, w_global, out, tile_expert, tile_rows,
     """
     num_rows, k = a.shape
     groups, n, k_half = w.shape
-    if (n, k) != (cfg.n, cfg.k) or k_half * 2 != k or tuple(w_scale.shape) != (groups, n, k // 16):
+    if ((n, k) != (cfg.n, cfg.k) or k_half * 2 != k
+            or tuple(w_scale.shape) != (groups, n, k // cfg.scale_k)):
         raise ValueError(f"shape mismatch for the plan's N={cfg.n}, K={cfg.k}: a "
                          f"{tuple(a.shape)}, w {tuple(w.shape)}, w_scale {tuple(w_scale.shape)}")
     halves = _global_halves(cfg.epilogue)
@@ -549,7 +551,10 @@ def run_once(plan: GemmPlan, device: torch.device | str = "cuda") -> None:
     rows = config.block_m + 1
     a = torch.full((rows, config.k), 0.5, dtype=torch.bfloat16, device=device)
     w = torch.full((1, config.n, config.k // 2), 0x21, dtype=torch.uint8, device=device)
-    w_scale = torch.full((1, config.n, config.k // 16), 0x38, dtype=torch.uint8, device=device)
+    # 1.0 as an e4m3 byte (0x38) or, for MXFP4 variants, as a UE8M0 one (127)
+    one = 127 if config.scale_k == 32 else 0x38
+    w_scale = torch.full((1, config.n, config.k // config.scale_k), one, dtype=torch.uint8,
+                         device=device)
     # the shape every op passes for a per-tensor scale: a stride-0 view
     halves = _global_halves(config.epilogue)
     w_global = torch.ones((), dtype=torch.float32, device=device).expand(
