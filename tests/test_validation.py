@@ -431,7 +431,7 @@ def _variants(t: torch.Tensor):
     """Tensors that differ from ``t`` in one metadata property each: dtype, rank, one size,
     contiguity, device."""
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
-                  torch.uint8, torch.int8, torch.float8_e4m3fn):
+                  torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e8m0fnu):
         if dtype != t.dtype:
             yield f"dtype {dtype}", torch.zeros(t.shape, dtype=dtype)
     yield "one more dim", t.unsqueeze(0)
@@ -473,13 +473,17 @@ def _fast_path_never_passes_what_the_checks_refuse(check, fast, name, args, monk
     assert seen, "no variant took the fast path: nothing was compared"
 
 
-@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("per_row", [False, True, "mx"])
 def test_moe_meta_fast_path_is_never_looser_than_the_checks(experts, per_row, monkeypatch):
     hidden = torch.zeros(T, H, dtype=torch.bfloat16)
     ids, weights = random_routing(T, E, K)
     ex = experts.args()
     if per_row:  # one global scale per row, as exact MXFP4 conversions have
         ex = (ex[0], ex[1], torch.ones(E, 2 * INTER), ex[3], ex[4], torch.ones(E, H))
+    if per_row == "mx":  # MXFP4 in the kernels' form: UE8M0 scales per 32 k
+        e8m0 = torch.float8_e8m0fnu
+        ex = (ex[0], torch.zeros(E, 2 * INTER, H // 32, dtype=e8m0), ex[2], ex[3],
+              torch.zeros(E, H, INTER // 32, dtype=e8m0), ex[5])
     args = (hidden, ids, weights, *ex)
     _fast_path_never_passes_what_the_checks_refuse(
         _validate.check_moe_meta, _validate._moe_meta_ok, "_moe_meta_ok", args, monkeypatch)
