@@ -128,7 +128,20 @@ MOE_CASES = {
                          r"output_scale must be finite, got inf"),
     "output_scale -inf": (lambda a: a, dict(output_scale=-math.inf),
                           r"output_scale must be finite, got -inf"),
+    # MXFP4 scales in the kernels' form (float8_e8m0fnu, one per 32 k)
+    "scale kinds mixed": (lambda a: {**a, "w2_scale": _e8m0(E, H, INTER // 32)}, {},
+                          r"w13_scale and w2_scale must both be e4m3 block scales \(NVFP4: "
+                          r"float8_e4m3fn or uint8\) or both float8_e8m0fnu \(MXFP4\), got "
+                          r"float8_e4m3fn and float8_e8m0fnu"),
+    "mx scale shape": (lambda a: {**a, "w13_scale": _e8m0(E, 2 * INTER, H // 16),
+                                  "w2_scale": _e8m0(E, H, INTER // 32)}, {},
+                       r"w13_scale must have shape \[E, 2I, H/32\] = \(4, 64, 2\), got "
+                       r"\(4, 64, 4\)"),
 }
+
+
+def _e8m0(*shape):
+    return torch.full(shape, 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
 
 
 @pytest.mark.parametrize("case", list(MOE_CASES))
@@ -255,7 +268,23 @@ MOE_WEIGHT_CASES = {
                          r"w13_global must have shape \[E, 2\] \(gate, up\) or \[E, 2I\] \(per row\) = \(4, 2\), got \(4, 3\)"),
     "device": (lambda a: _weights(a, w2=a["w2"].to("meta")),
                r"all tensors must be on one device; w13 is on cpu but w2 is on meta"),
+    "mx scale outside the kernels' window": (
+        lambda a: _weights(a, w13_scale=_e8m0(E, 2 * INTER, H // 32),
+                           w2_scale=_e8m0_byte(_e8m0(E, H, INTER // 32), (1, 5, 0), 0xFF)),
+        r"w2_scale must hold MXFP4 scales in the kernels' range 2\^-118 \.\. 2\^8 \(UE8M0 "
+        r"bytes 9\.\.135; nvfp4_ops.mxfp4_kernel_scales brings a checkpoint's scales there\), "
+        r"got NaN \(byte 0xff\) at index \(1, 5, 0\) \(1 bad of 256\)"),
+    "mx scale too small": (
+        lambda a: _weights(a, w13_scale=_e8m0_byte(_e8m0(E, 2 * INTER, H // 32), (0, 3, 1), 8),
+                           w2_scale=_e8m0(E, H, INTER // 32)),
+        r"w13_scale must hold MXFP4 scales .* got 2\^-119 \(byte 0x08\) at index \(0, 3, 1\)"),
 }
+
+
+def _e8m0_byte(t: torch.Tensor, index: tuple, byte: int) -> torch.Tensor:
+    b = t.view(torch.uint8).clone()
+    b[index] = byte
+    return b.view(torch.float8_e8m0fnu)
 
 
 @pytest.mark.parametrize("case", list(MOE_WEIGHT_CASES))
