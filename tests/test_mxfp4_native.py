@@ -138,6 +138,19 @@ def test_rebase_op_fake_and_meta_errors():
                                       "test_aot_dispatch_dynamic"))
 
 
+def test_rebase_compiled_wrapper_matches_eager():
+    gen = torch.Generator().manual_seed(11)
+    packed, scale = _mx_tensor((3, 16, 256), gen, span=40)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda w, s: nvfp4_ops.mxfp4_kernel_scales(w, s, name="w"),
+                             fullgraph=True, dynamic=True)
+    for rows in (16, 7):
+        got = compiled(packed[:, :rows], scale[:, :rows])
+        want = nvfp4_ops.mxfp4_kernel_scales(packed[:, :rows], scale[:, :rows])
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+        assert torch.equal(got[1], want[1])
+
+
 # ---------------------------------------------------------------- nvfp4::moe on the form
 
 
