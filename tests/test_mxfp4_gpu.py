@@ -334,14 +334,13 @@ def test_native_moe_is_bitwise_the_converted_result(flash, pro, shape_name, rout
         tiles.add(plan.block_m)
         torch.manual_seed(60 + num_tokens)
         hidden = _hidden(num_tokens, shape.hidden)
-        if routing == "skew":
-            ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
-            hot = torch.tensor([2, 5], device="cuda", dtype=ids.dtype)
-            ids[: 2 * num_tokens // 3 + 1, :2] = hot
-            rest = ids[: 2 * num_tokens // 3 + 1, 2:]
-            rest[torch.isin(rest, hot)] = 7 - rest[torch.isin(rest, hot)]  # keep ids distinct
-        else:
-            ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+        ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda")
+        if routing == "skew":  # two thirds of the tokens on experts 2 and 5 (hot tiles)
+            hot = torch.tensor([2, 5], device="cuda")
+            others = torch.tensor([0, 1, 3, 4, 6, 7], device="cuda")
+            for row in range(2 * num_tokens // 3 + 1):
+                pick = others[torch.randperm(6, device="cuda")[: shape.top_k - 2]]
+                ids[row] = torch.cat([hot, pick]).to(ids.dtype)
         kw = dict(swiglu_limit=shape.swiglu_limit, output_scale=1.5, wperm=True)
         want = nvfp4_ops.moe(hidden, ids, weights, *mx.args(w13, w2), **kw)
         _poison_allocator(2**28)
