@@ -322,15 +322,16 @@ def test_native_moe_is_bitwise_the_converted_result(flash, pro, shape_name, rout
     """The ``mx`` kernels on UE8M0 scales (wperm codes, as the glue prepares them) against the
     NVFP4 kernels on the converted scales: the same bf16 weights reach the same MMAs in the
     same order, so every T gives bitwise the same output; one T also against the reference."""
+    from nvfp4_ops.kernels import dispatch
+
     shape, mx = _shape_and_experts(shape_name, flash, pro)
     w13, w2 = mx.w13.clone(), mx.w2.clone()
     nvfp4_ops.to_wperm_(w13)
     nvfp4_ops.to_wperm_(w2)
     tiles = set()
     for num_tokens in NATIVE_TOKENS:
-        plan = nvfp4_ops.kernels.dispatch.plan_moe(
-            num_tokens, shape.top_k, NUM_EXPERTS, shape.hidden, shape.intermediate,
-            order=nvfp4_ops.kernels.dispatch.WeightOrder.WPERM, mx=True)
+        plan = dispatch.plan_moe(num_tokens, shape.top_k, NUM_EXPERTS, shape.hidden,
+                                 shape.intermediate, order=dispatch.WeightOrder.WPERM, mx=True)
         tiles.add(plan.block_m)
         torch.manual_seed(60 + num_tokens)
         hidden = _hidden(num_tokens, shape.hidden)
