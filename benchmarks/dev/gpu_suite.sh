@@ -4,9 +4,9 @@
 # On the GPU machine, from the project root:
 #   source .device/prelude.sh && bash benchmarks/dev/gpu_suite.sh PART [PART ...]
 # Parts (in the order they are usually run; each appends its logs to $OUT):
-#   setup     precompile every variant of the three shapes in parallel workers (a warm disk
-#             cache makes the later parts load instead of compile); installs .whl/*.whl
-#             (humming-kernels for bench_moe) into /tmp/site when present
+#   setup     precompile every variant of the three shapes (MXFP4 ones included) in parallel
+#             workers (a warm disk cache makes the later parts load instead of compile);
+#             installs .whl/*.whl (humming-kernels for bench_moe) into /tmp/site when present
 #   moe       the MoE-side GPU tests: moe, MXFP4, routing, load-time preparation, warm-up,
 #             validation, compile / AOT graphs
 #   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
@@ -52,14 +52,15 @@ for part in "$@"; do
   start=$(date +%s)
   case "$part" in
     setup)
-      timeout -s KILL 400 python3 -m nvfp4_ops precompile --shape v4-flash --shape v4-pro \
-        --shape tiny --jobs "$jobs" >"$out/precompile.log" 2>&1
+      # the MXFP4 (UE8M0) variants too: the mxfp4 tests and the mxnative part run them
+      NVFP4_OPS_MXFP4_SCALES=native timeout -s KILL 400 python3 -m nvfp4_ops precompile \
+        --shape v4-flash --shape v4-pro --shape tiny --jobs "$jobs" >"$out/precompile.log" 2>&1
       echo "== setup rc=$? $(tail -1 "$out/precompile.log")" ;;
     moe)
       tests moe 420 tests/test_moe_gpu.py tests/test_moe_routing.py tests/test_prepare.py \
         tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py \
         tests/test_triton_launch.py
-      tests mxfp4 240 tests/test_mxfp4_gpu.py ;;
+      tests mxfp4 360 tests/test_mxfp4_gpu.py ;;
     rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
       # shellcheck disable=SC2086
       tests rerun 300 $RERUN ;;
