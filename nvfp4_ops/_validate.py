@@ -28,6 +28,7 @@ import math
 import torch
 
 from nvfp4_ops import _env
+from nvfp4_ops.format import MXFP4_KERNEL_SCALE_BYTES
 
 __all__ = [
     "NVFP4InputError",
@@ -53,7 +54,7 @@ SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 #: The MoE also takes MXFP4 block scales in the kernels' form: one UE8M0 byte per 32 k
 #: (:func:`nvfp4_ops.format.mxfp4_kernel_scales`), told apart from NVFP4's by this dtype.
 MX_SCALE_DTYPE = torch.float8_e8m0fnu
-_MX_LO, _MX_HI = 9, 135  # format.MXFP4_KERNEL_SCALE_BYTES (no import: a lower floor)
+_MX_LO, _MX_HI = MXFP4_KERNEL_SCALE_BYTES
 
 K_ALIGN = 32  # packed rows of K/2 bytes stay 16-byte multiples for K % 32 == 0
 

@@ -15,6 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.arch import inline_ptx
 
+from nvfp4_ops.format import MXFP4_KERNEL_SCALE_BYTES
 from nvfp4_ops.kernels.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "ld_u16_at",
     "ld_v4",
     "ld_v4_at",
-    "MX_SCALE_BYTES",
     "mma_m16n8k16",
     "mx_pair_pre",
     "mx_scale_pre",
@@ -98,20 +98,20 @@ def scale_pair_pre(two_scales: Int32):
                       read_only_args=[two_scales])
 
 
-#: UE8M0 scale bytes the decoders take exactly: ``2^-118 .. 2^8``. ``b + 119`` is then the bf16
-#: exponent field of ``scale * 2^119`` (normal), and a decoded code times it, ``e2m1 * scale *
-#: 2^-7``, is a normal bf16 down to the smallest code (0.5 at ``b = 9``: ``2^-126``). MXFP4
-#: weights whose bytes fall outside are brought inside, exactly, by a per-row power-of-two
-#: global scale at load time (:func:`nvfp4_ops.format.mxfp4_kernel_scales`).
-MX_SCALE_BYTES = (9, 135)
-# (b + 119) << 7 in each bf16 half = b * 0x80 (per half) + 119 * 0x00800080
-_MX_BIAS = 119 * 0x00800080
+# A UE8M0 byte b becomes scale * 2^119 (the e4m3 path's prescale) as the bf16 exponent field
+# b + 119: (b + 119) << 7 in each half = b * 0x80 per half + 119 * 0x00800080. Exact for the
+# bytes of MXFP4_KERNEL_SCALE_BYTES: b + 119 <= 254 (no inf), and from b + 119 >= 128 a decoded
+# code (e2m1 * 2^-126, 0.5 the smallest) times the factor is a normal bf16. The load-time
+# rebase (format.mxfp4_kernel_scales) keeps every row inside that window.
+_MX_EXP_BIAS = 119
+_MX_BIAS = _MX_EXP_BIAS * 0x00800080
+assert MXFP4_KERNEL_SCALE_BYTES == (128 - _MX_EXP_BIAS, 254 - _MX_EXP_BIAS)
 
 
 def mx_scale_pre(byte: Int32):
     """One UE8M0 byte ``b`` (bits 0-7, zero above) -> bf16x2 ``2^(b - 127) * 2^119`` in both
     halves: the ``scale2`` of the decoders, one ``mad`` (exact for ``b`` in
-    :data:`MX_SCALE_BYTES`)."""
+    :data:`nvfp4_ops.format.MXFP4_KERNEL_SCALE_BYTES`)."""
     return inline_ptx(f"mad.lo.u32 {{$w0}}, {{$r0}}, {0x00800080:#010x}, {_MX_BIAS:#010x};",
                       write_only_types=[Int32], read_only_args=[byte])
 

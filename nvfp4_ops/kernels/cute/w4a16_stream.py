@@ -213,7 +213,7 @@ class StreamConfig(GemmProblem):
     #: "Shared-memory layout"; dense, non-SwiGLU, one CTA per item, an even ``warps_k``
     tma2d: bool = False
     #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
-    #: in ``fp4_ptx.MX_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
+    #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
     #: scales"); grouped ``kperm`` problems with 512-k chunks or more (16-byte scale copies)
     mx: bool = False
     arch: str = "sm_90a"

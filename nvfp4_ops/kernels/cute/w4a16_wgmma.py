@@ -246,8 +246,8 @@ class WgmmaConfig(GemmProblem):
     #: docstring; 0 = always ``block_m``)
     flex: int = 0
     #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
-    #: in ``fp4_ptx.MX_SCALE_BYTES``) instead of one e4m3 per 16 ("MXFP4 scales" in the module
-    #: docstring); grouped ``kperm`` tiles only
+    #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 ("MXFP4 scales" in
+    #: the module docstring); grouped ``kperm`` tiles only
     mx: bool = False
     arch: str = "sm_90a"
 
