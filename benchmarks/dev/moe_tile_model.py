@@ -9,6 +9,12 @@ expert in the cheaper of a small and a large tile), with the gain of the last tw
 policy.
 
     python benchmarks/dev/moe_tile_model.py [--shapes v4-flash v4-pro] [--seed 1]
+
+``--grid``: instead, the CTAs each GEMM of the op's plan launches (its static grid: every token
+tile the padded rows can hold) against those with a real token tile, for EP 1 and one EP 8
+rank (uniform routing): the work a persistent grouped GEMM would not launch.
+
+    python benchmarks/dev/moe_tile_model.py --grid [--tokens 128 512 2048 4096]
 """
 
 from __future__ import annotations
@@ -37,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", default=["v4-flash", "v4-pro"])
     p.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 1024, 2048, 4096, 16384])
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--grid", action="store_true",
+                   help="real and empty CTAs of the op's static grids, EP 1 and 8")
     args = p.parse_args(argv)
+    if args.grid:
+        return grid_report(args)
     tiles = dispatch.BLOCK_MS
     print(f"{'shape':9s} {'T':>6s} {'routing':8s} {'policy':>12s} {'best single':>14s} "
           f"{'per expert':>16s} {'two classes':>22s}")
@@ -58,6 +68,61 @@ def main(argv: list[str] | None = None) -> int:
                       f"{per_expert:8.0f} ({at_policy / per_expert:4.2f}x) "
                       f"{pair[0]:3d}/{pair[1]:<3d} {two:8.0f} ({at_policy / two:4.2f}x)")
     return 0
+
+
+def grid_report(args) -> int:
+    """Per shape, EP slice and T: each GEMM's launched CTAs (its static grid) and how many of
+    them have a real token tile under uniform routing (``testing.make_routing``)."""
+    import nvfp4_ops
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.kernels.triton.moe_routing import padded_rows
+    from nvfp4_ops.testing import ep_slice, make_routing
+
+    print(f"{'shape':9s} {'ep':>2s} {'T':>6s} {'tile':>8s} {'gemm':8s} {'CTAs':>7s} "
+          f"{'real':>7s} {'empty':>7s}")
+    for name in args.shapes:
+        s = nvfp4_ops.get_shape(name)
+        for ep in (1, 8):
+            start, local = ep_slice(s.experts, ep)
+            for num_tokens in args.tokens:
+                ids, _ = make_routing("uniform", num_tokens, s.experts, s.top_k, seed=args.seed)
+                flat = ids.reshape(-1).long() - start
+                counts = torch.bincount(flat[(flat >= 0) & (flat < local)],
+                                        minlength=local).tolist()
+                plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden, s.intermediate,
+                                         global_num_experts=s.experts,
+                                         order=dispatch.WeightOrder.WPERM)
+                hot = plan.hot.routing if plan.hot is not None else None
+                # each class's grid covers its own rows (moe_cuda): the base class the
+                # one-tile bound, the hot class the rows above it
+                base_rows = padded_rows(num_tokens * s.top_k, local, plan.block_m, None)
+                classes = [("", plan.block_m, (plan.gate_up, plan.down),
+                            base_rows // plan.block_m,
+                            [c for c in counts if not _takes_hot(c, plan.block_m, hot)])]
+                if hot is not None:
+                    classes.append(("hot", hot.block_m, (plan.hot.gate_up, plan.hot.down),
+                                    (plan.num_rows - base_rows) // hot.block_m,
+                                    [c for c in counts if _takes_hot(c, plan.block_m, hot)]))
+                for tag, bm, gemms, tiles, mine in classes:
+                    real_tiles = sum(-(-c // bm) for c in mine)
+                    for label, gemm in zip(("gate/up", "down"), gemms, strict=True):
+                        cfg = gemm.config
+                        blocks = cfg.n_out // (getattr(cfg, "features_per_cta", 0)
+                                               or cfg.rows_out)
+                        ctas = tiles * blocks
+                        if getattr(cfg, "ctas", 0):  # persistent: a capped grid
+                            ctas = min(ctas, cfg.ctas)
+                        real = real_tiles * blocks
+                        print(f"{name:9s} {ep:2d} {num_tokens:6d} {bm:4d} {tag:3s} {label:8s} "
+                              f"{ctas:7d} {real:7d} {max(0, ctas - real):7d}")
+    return 0
+
+
+def _takes_hot(count: int, block_m: int, hot) -> bool:
+    """Whether an expert with ``count`` rows takes the hot tile (the routing's rule,
+    ``moe_routing``, "Hot experts")."""
+    return hot is not None and count >= hot.min_rows and (
+        -(-count // hot.block_m) * hot.cost < -(-count // block_m) * hot.base_cost)
 
 
 if __name__ == "__main__":
