@@ -18,6 +18,7 @@
 #   pro       the same for v4-pro
 #   mxnative  bench_moe.py with NVFP4_OPS_MXFP4_SCALES=native: MXFP4 read as UE8M0 by the
 #             kernels' mx variants, beside NVFP4 and Humming (both shapes, EP 1, uniform)
+#   persist   moe_tiles.py --persist: the streamed tile on one EP 8 rank with persistent GEMMs
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
 #             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
@@ -90,6 +91,11 @@ for part in "$@"; do
         --routing uniform --ep 1 --check --time-limit 480 --out-dir "$out/mxnative" \
         >"$out/bench_moe_mxnative.log" 2>&1
       echo "== bench_moe mxnative rc=$?"; tail -30 "$out/bench_moe_mxnative.log" ;;
+    persist)  # the streamed 8-row tile on one EP 8 rank with persistent GEMMs (A/B)
+      timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-flash v4-pro \
+        --tokens 8 32 128 256 --routing uniform skew --ep 8 --tiles 8 --persist 1 2 3 \
+        --reps 10 --jobs "$jobs" --time-limit 420 >"$out/moe_persist.log" 2>&1
+      echo "== persist rc=$?"; grep -E "^(v4|    bm)" "$out/moe_persist.log" | cut -c1-220 ;;
     tiles)
       timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
         --tokens 512 1024 2048 4096 16384 --routing uniform skew --ep 1 --reps 10 \
