@@ -126,6 +126,14 @@ def test_precompile_unknown_shape(capsys):
     assert "argument --shape: invalid choice: 'bogus'" in line
 
 
+def test_precompile_bad_mxfp4_switch_is_one_line(capsys, monkeypatch):
+    from nvfp4_ops.cli import precompile
+
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "ue8m0")
+    line = _one_line_error(capsys, precompile.main, ["--shape", "tiny", "--no-run"])
+    assert "NVFP4_OPS_MXFP4_SCALES must be 'convert' or 'native', got 'ue8m0'" in line
+
+
 def test_argument_errors_exit_2_from_the_command_line():
     for args, message in ((("check", "--tokens", "-1"), "--tokens must be >= 1, got -1"),
                           (("precompile", "--shape", "bogus"), "invalid choice: 'bogus'")):

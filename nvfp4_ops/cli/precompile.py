@@ -69,7 +69,9 @@ Fill the kernel disk cache for model shapes. On a CPU-only machine this compiles
 CuTeDSL variant the shapes can reach for sm_90a; with a (Hopper) GPU it also runs each once.
 Binaries land in the disk cache (NVFP4_OPS_CACHE_DIR, default ~/.cache/nvfp4_ops), so a later
 process loads them instead of compiling. --jobs N compiles in N worker processes first (each
-holds its own CuTeDSL toolchain, ~1 GB of memory); it needs the disk cache."""
+holds its own CuTeDSL toolchain, ~1 GB of memory); it needs the disk cache. With
+NVFP4_OPS_MXFP4_SCALES=native the MoE's MXFP4 variants (UE8M0 scales) are included, as the
+vLLM glue then prepares DeepSeek's own checkpoints."""
 
 
 def _no_cache_reason() -> str:
@@ -99,19 +101,20 @@ def main(argv: list[str], prog: str = "python -m nvfp4_ops precompile") -> int:
     import torch
 
     import nvfp4_ops
-    from nvfp4_ops import _compile, _device
+    from nvfp4_ops import _compile, _device, _env
 
     run = torch.cuda.is_available() and not args.no_run
     try:
         if run:
             _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
         folder = _compile.cache_dir()
+        mxfp4 = _env.mxfp4_native() and not args.no_moe
     except _device.NVFP4UnsupportedGPUError as exc:
         parser.error(f"{exc} (--no-run compiles without running)")
     except nvfp4_ops.NVFP4EnvError as exc:
         parser.error(str(exc))
-    print(f"precompile: shapes {args.shape}, arch {_compile.target_arch()}, "
-          f"{'compile + run once' if run else 'compile only'}, cache "
+    print(f"precompile: shapes {args.shape}{' (MXFP4 variants too)' if mxfp4 else ''}, arch "
+          f"{_compile.target_arch()}, {'compile + run once' if run else 'compile only'}, cache "
           f"{folder or 'memory only'}", flush=True)
     start = time.perf_counter()
     worker_compiles = 0
