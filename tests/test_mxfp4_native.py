@@ -329,3 +329,18 @@ def test_cuda_path_refuses_mx_scales_its_kernels_cannot_read():
                        match=r"MXFP4 scales \(float8_e8m0fnu\) at H=256, I=128 .*"
                              r"moe_mx_supported.*nvfp4_ops\.mxfp4_to_nvfp4"):
         moe_cuda.moe_cuda(*a.values(), 0, None, 1.0)
+
+
+def test_moe_opcheck_with_mx_scales():
+    """opcheck of ``nvfp4::moe`` on the kernels' MXFP4 form (``test_schema`` cannot compare
+    float8 inputs on the CPU, and uint8 scale bytes mean e4m3 to the op: the other utils)."""
+    w13, s13, w2, s2 = _experts(2, 64, 32, 12)
+    k13, g13 = nvfp4_ops.mxfp4_kernel_scales(w13, s13)
+    k2, g2 = nvfp4_ops.mxfp4_kernel_scales(w2, s2)
+    hidden = torch.randn(3, 64).to(torch.bfloat16)
+    ids, weights = random_routing(3, 2, 2, device="cpu")
+    torch.library.opcheck(
+        torch.ops.nvfp4.moe.default,
+        (hidden, ids, weights, w13, k13, g13, w2, k2, g2, 0, 2, 7.0, 1.0),
+        test_utils=("test_autograd_registration", "test_faketensor",
+                    "test_aot_dispatch_dynamic"))
