@@ -6,16 +6,16 @@ bytes per weight), which every kernel reads. :func:`mxfp4_kernel_scales` keeps o
 per 32 k (0.53 bytes per weight), rebased per row into the window the MoE's kernels decode
 natively (:data:`nvfp4_ops.format.MXFP4_KERNEL_SCALE_BYTES`); ``nvfp4::moe`` takes either.
 
-Why the conversion works at all: MXFP4 and NVFP4 share the e2m1 codes and
-their byte order, and a UE8M0 scale is a power of two, which e4m3 holds exactly over 18
-binades. With one fp32 global scale **per row** (the MoE and linear GEMMs already read global
-scales through per-row views) every MXFP4 row of DeepSeek's checkpoints becomes NVFP4 whose
-dequantized values are bitwise the MXFP4 ones; see the format module for the exact rule and
-for where the checkpoint layout was confirmed (DeepSeek's ``inference/model.py`` and
-``inference/convert.py``, vLLM's ``Mxfp4MoEMethod.create_weights``). The cost is the scale
-stream: 0.5625 bytes per weight instead of 0.53125.
+Why the conversion works at all: MXFP4 and NVFP4 share the e2m1 codes and their byte order,
+and a UE8M0 scale is a power of two, which e4m3 holds exactly over 18 binades. With one fp32
+global scale **per row** (the MoE and linear GEMMs already read global scales through per-row
+views) every MXFP4 row of DeepSeek's checkpoints becomes NVFP4 whose dequantized values are
+bitwise the MXFP4 ones; see the format module for the exact rule and for where the checkpoint
+layout was confirmed (DeepSeek's ``inference/model.py`` and ``inference/convert.py``, vLLM's
+``Mxfp4MoEMethod.create_weights``). The cost is the scale stream: 0.5625 bytes per weight
+instead of 0.53125, which the kernels' own form keeps.
 
-The op runs the pure-torch conversion on any device (CPU and CUDA alike), like
+Both ops run in pure torch on any device (CPU and CUDA alike), like
 ``nvfp4::quantize``: it runs once per weight at load time. It works through the rows in chunks
 (a few bytes of temporaries per 32-block), so V4-Pro's 384 experts x [6144, 3584] bytes need
 no fp32 copy of the weights; it reads each chunk's verdict back to the host, so it must not be
@@ -135,9 +135,9 @@ def mxfp4_kernel_scales(weight: torch.Tensor, scale: torch.Tensor, *, name: str 
 
     The codes ``weight`` are used unchanged; ``nvfp4_ops.format.dequantize(weight,
     kernel_scale, global_scale)`` is bitwise ``nvfp4_ops.format.mxfp4_dequantize(weight,
-    scale)``, and the
-    GEMMs see the same bf16 weights as on the :func:`mxfp4_to_nvfp4` form (the same per-row
-    rule: ``global_scale = 2^max(e_max - 8, -126)``). 0.53 bytes per weight instead of 0.5625.
+    scale)``, and the GEMMs see the same bf16 weights as on the :func:`mxfp4_to_nvfp4` form
+    (the same per-row rule: ``global_scale = 2^max(e_max - 8, -126)``). 0.53 bytes per weight
+    instead of 0.5625.
 
     **Representable inputs**: no scale is 0xFF (NaN), and in every row each block holding a
     non-zero code has ``e >= e_max - 126`` (127 binades: every real checkpoint).
