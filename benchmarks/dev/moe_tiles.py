@@ -77,6 +77,8 @@ def variant_plans(plan, args):
                        for w, g in chosen.items()):
                     continue
                 out.append((which, f"p{ctas}", dataclasses.replace(plan, **chosen)))
+    if not args.variants:
+        return out
     if plan.gate_up.family == plan.down.family == "wgmma":
         for row_wgs in args.row_wgs:  # both GEMMs at one row_wgs, rings as planned
             try:
