@@ -84,14 +84,16 @@ def test_register_split_fits_the_launch_allocation():
 
 def test_small_tiles_have_no_smem_floor():
     """block_m 16-64: no setmaxnreg, so no 116 KiB floor (2-3 CTAs per SM fit); grouped 16 /
-    32 take one row warpgroup and a 3-5 stage ring (dispatch.GROUPED_SMALL_TILES)."""
+    32 take one row warpgroup and a 3-5 stage ring (dispatch.GROUPED_SMALL_TILES), 64 the row
+    warpgroups of dispatch.grouped_row_wgs (four at this K, two below K = 3072)."""
     for bm in (16, 32, 64):
         cfg = _plan(4096, 4096, bm, "swiglu", grouped=True)
         small = dispatch.GROUPED_SMALL_TILES.get((bm, "swiglu"))
-        assert cfg.consumers == (1 if small else 2)
+        assert cfg.consumers == (1 if small else dispatch.grouped_row_wgs(bm, 4096))
         assert cfg.num_stages == (small or 8)
         assert not cfg.uses_setmaxnreg
         assert w4a16_wgmma.W4A16WgmmaGemm(cfg).smem_bytes(50176) == 50176
+    assert _plan(4096, 2048, 64, "row_scale", grouped=True).consumers == 2
     cfg = _plan(4096, 4096, 128, "swiglu", grouped=True)
     assert cfg.uses_setmaxnreg
     assert w4a16_wgmma.W4A16WgmmaGemm(cfg).smem_bytes(50176) == 116 * 1024
