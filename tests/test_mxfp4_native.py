@@ -344,3 +344,49 @@ def test_moe_opcheck_with_mx_scales():
         (hidden, ids, weights, w13, k13, g13, w2, k2, g2, 0, 2, 7.0, 1.0),
         test_utils=("test_autograd_registration", "test_faketensor",
                     "test_aot_dispatch_dynamic"))
+
+
+# ---------------------------------------------------------------- the decoders' scale factor
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32`` (default mode): result byte i = byte ``sel >> 4i & 7`` of ``b:a``."""
+    pool = (a | b << 32).to_bytes(8, "little")
+    out = 0
+    for i in range(4):
+        nib = sel >> (4 * i) & 0xF
+        assert nib < 8, "sign-replicate selectors are not used"
+        out |= pool[nib] << (8 * i)
+    return out
+
+
+def _bf16_bits(values: torch.Tensor) -> list[int]:
+    return values.to(torch.bfloat16).view(torch.int16).int().bitwise_and(0xFFFF).tolist()
+
+
+def test_mx_scale_factors_are_the_e4m3_paths_prescale():
+    """The integer steps of ``fp4_ptx.mx_scale_pre`` (one ``mad``) and ``mx_pair_pre`` (``prmt``
+    then ``mad``), emulated bit for bit: every UE8M0 byte of the kernels' window gives the bf16
+    ``2^(b - 127) * 2^119`` in both halves (the factor the e4m3 path multiplies by), the pair
+    form the lo row's in the low half and the hi row's in the high half, for both chunks."""
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels.cute import fp4_ptx
+
+    window = torch.arange(LO, HI + 1)
+    want = _bf16_bits(torch.exp2((window - 127 + 119).double()))
+    bias = fp4_ptx._MX_BIAS
+    for b, w in zip(window.tolist(), want, strict=True):
+        got = (b * 0x00800080 + bias) & 0xFFFFFFFF  # mx_scale_pre
+        assert got == w | w << 16, (b, hex(got), hex(w))
+    for j in (0, 1):
+        sel = fp4_ptx.mx_pair_selector(j)
+        for b_lo, b_hi in ((LO, HI), (127, 9), (135, 128), (100, 117)):
+            lo = (b_lo << 8 * j) | (0x55 << 8 * (1 - j))  # the other chunk's byte: 0x55
+            hi = (b_hi << 8 * j) | (0x66 << 8 * (1 - j))
+            got = (_prmt(lo, hi, sel) * 128 + bias) & 0xFFFFFFFF  # mx_pair_pre
+            w_lo, w_hi = _bf16_bits(torch.exp2(torch.tensor([b_lo - 8.0, b_hi - 8.0])))
+            assert got == w_lo | w_hi << 16, (j, b_lo, b_hi, hex(got))
+    # the smallest code (0.5 = 2^-127 as decoded, a bf16 subnormal) times the smallest factor
+    # is a normal bf16; the largest factor stays finite
+    assert 2.0 ** -127 * 2.0 ** (LO - 8) == torch.finfo(torch.bfloat16).tiny
+    assert HI + 119 <= 254

@@ -34,6 +34,7 @@ __all__ = [
     "ld_v4_at",
     "mma_m16n8k16",
     "mx_pair_pre",
+    "mx_pair_selector",
     "mx_scale_pre",
     "scale_pair_pre",
     "scales_to_bf16x2_pre",
@@ -122,12 +123,17 @@ def mx_pair_pre(lo: Int32, hi: Int32, j: int):
     ``scale_hi * 2^119`` (high half), like :func:`scale_pair_pre` for e4m3. A ``prmt`` puts the
     bytes at bits 0 and 16 (zeros from ``lo``'s byte 2 between them), a ``mad`` shifts and
     biases both exponent fields."""
-    sel = j | (2 << 4) | ((4 + j) << 8) | (2 << 12)
     return inline_ptx(
         "{\n.reg .b32 t;\n"
-        f"prmt.b32 t, {{$r0}}, {{$r1}}, {sel:#06x};\n"
+        f"prmt.b32 t, {{$r0}}, {{$r1}}, {mx_pair_selector(j):#06x};\n"
         f"mad.lo.u32 {{$w0}}, t, 128, {_MX_BIAS:#010x};\n}}",
         write_only_types=[Int32], read_only_args=[lo, hi])
+
+
+def mx_pair_selector(j: int) -> int:
+    """The ``prmt`` selector of :func:`mx_pair_pre`: result bytes (``lo`` byte ``j``, ``lo``
+    byte 2 = 0, ``hi`` byte ``j``, ``lo`` byte 2 = 0), i.e. ``lo_j | hi_j << 16``."""
+    return j | (2 << 4) | ((4 + j) << 8) | (2 << 12)
 
 
 def bf16x2_halves(word: Int32):
