@@ -413,3 +413,32 @@ def test_native_torch_compile_fullgraph_matches_eager(flash):
         for t in (hidden, ids, weights):
             torch._dynamo.mark_dynamic(t, 0)
         assert torch.equal(compiled(hidden, ids, weights), layer(hidden, ids, weights))
+
+
+def test_prepare_native_on_cuda(flash):
+    """``prepare_mxfp4_moe(native=True)`` on CUDA tensors (what the glue does with
+    ``NVFP4_OPS_MXFP4_SCALES=native``): the kernels' UE8M0 form (bitwise the CPU rebase), the
+    codes permuted in place, and bitwise the converted form's MoE output; sizes whose kernels
+    cannot read MXFP4 scales are refused before anything is modified."""
+    w13, w2 = flash.w13.clone(), flash.w2.clone()
+    s13, g13, s2, g2, wperm = nvfp4_ops.prepare_mxfp4_moe(w13, flash.s13, w2, flash.s2,
+                                                          native=True, where="layer 3")
+    assert wperm and s13.dtype == torch.float8_e8m0fnu
+    assert torch.equal(s13.view(torch.uint8), flash.n13.view(torch.uint8))
+    assert torch.equal(g13, flash.g13) and torch.equal(g2, flash.g2)
+    assert not torch.equal(w13, flash.w13)  # permuted in place
+    torch.manual_seed(95)
+    hidden = _hidden(37, FLASH.hidden)
+    ids, weights = random_routing(37, NUM_EXPERTS, FLASH.top_k, device="cuda")
+    kw = dict(swiglu_limit=FLASH.swiglu_limit, output_scale=1.5, wperm=True)
+    got = nvfp4_ops.moe(hidden, ids, weights, w13, s13, g13, w2, s2, g2, **kw)
+    assert torch.equal(got, nvfp4_ops.moe(hidden, ids, weights, *flash.args(w13, w2), **kw))
+    codes = torch.zeros(2, 256, 128, dtype=torch.uint8, device="cuda")  # H = 256, I = 128
+    scale = torch.full((2, 256, 8), 127, dtype=torch.uint8, device="cuda")
+    down = torch.zeros(2, 256, 64, dtype=torch.uint8, device="cuda")
+    before = codes.clone()
+    with pytest.raises(nvfp4_ops.NVFP4InputError,
+                       match=r"layer 3: native MXFP4 scales at H=256, I=128 have no kernel"):
+        nvfp4_ops.prepare_mxfp4_moe(codes, scale, down, torch.full(
+            (2, 256, 4), 127, dtype=torch.uint8, device="cuda"), native=True, where="layer 3")
+    assert torch.equal(codes, before)
