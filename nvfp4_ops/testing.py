@@ -287,6 +287,7 @@ __all__ += [
     "moe_cost",
     "make_routing",
     "skewed_routing",
+    "spread_mxfp4",
     "uniform_routing",
 ]
 
@@ -405,6 +406,25 @@ def fast_random_mxfp4_experts(num_experts: int, hidden: int, inter: int, *,
         w13_scale[i].random_(lo, hi + 1, generator=gen)
         w2_scale[i].random_(lo, hi + 1, generator=gen)
     return MXFP4Experts(w13, w13_scale, w2, w2_scale)
+
+
+def spread_mxfp4(shape: tuple[int, ...], gen: torch.Generator, row_lo: int = -100,
+                 row_hi: int = 100, span: int = 18) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 ``(packed uint8 [..., K/2], scale uint8 [..., K/32])`` on the CPU for
+    ``shape = (..., K)``: per-row top exponents in ``[row_lo, row_hi)``, each row's blocks
+    spread over ``span`` binades below its top, both ends taken by blocks that hold non-zero
+    codes (so the span is real). The scale conversions' edge cases live in such rows."""
+    *lead, k = shape
+    nb = k // 32
+    packed = torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, generator=gen)
+    top = torch.randint(row_lo, row_hi, (*lead, 1), generator=gen)
+    offs = torch.randint(0, span, (*lead, nb), generator=gen)
+    offs[..., 0] = 0
+    offs[..., -1] = span - 1
+    packed[..., :16] |= 0x11
+    packed[..., -16:] |= 0x11
+    scale = (top - offs + 127).clamp(0, 254).to(torch.uint8)
+    return packed, scale
 
 
 def _routing_weights(num_tokens: int, top_k: int, gen: torch.Generator) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nvfp4_ops
 from nvfp4_ops import format as fmt
+from nvfp4_ops.testing import spread_mxfp4
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -196,22 +197,6 @@ def test_quantize_refuses_non_finite(bad):
 # ---------------------------------------------------------------- the conversion
 
 
-def _mx_tensor(shape, gen, row_lo=-100, row_hi=100, span=18):
-    """Random MXFP4 ``(packed, scale)`` with per-row top exponents in [row_lo, row_hi) and each
-    row's blocks spread over ``span`` binades below its top (an 18-binade span is exactly what
-    one global scale per row holds). One block per row keeps the top exponent, so the span is
-    real."""
-    *lead, k = shape
-    nb = k // 32
-    packed = torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, generator=gen)
-    top = torch.randint(row_lo, row_hi, (*lead, 1), generator=gen)
-    offs = torch.randint(0, span, (*lead, nb), generator=gen)
-    offs[..., 0] = 0
-    offs[..., -1] = span - 1
-    scale = (top - offs + 127).clamp(0, 254).to(torch.uint8)
-    return packed, scale
-
-
 def _check_exact(packed, scale, block, glob):
     nv = fmt.dequantize(packed, block, glob)
     mx = fmt.mxfp4_dequantize(packed, scale)
@@ -223,7 +208,7 @@ def test_conversion_exact_over_a_wide_exponent_range():
     """Block exponents spread over ~200 binades across one tensor (<= 18 within each row): the
     NVFP4 dequantization with per-row global scales is bitwise the MXFP4 one."""
     gen = torch.Generator().manual_seed(5)
-    packed, scale = _mx_tensor((3, 40, 512), gen)
+    packed, scale = spread_mxfp4((3, 40, 512), gen)
     exps = scale.int() - 127
     assert exps.max() - exps.min() >= 150
     # 0xFE only with magnitudes < 2 (larger ones overflow fp32, see the inf test)
@@ -246,7 +231,7 @@ def test_conversion_exact_over_a_wide_exponent_range():
 
 def test_conversion_chunks_give_the_same_answer(monkeypatch):
     gen = torch.Generator().manual_seed(6)
-    packed, scale = _mx_tensor((5, 16, 256), gen)
+    packed, scale = spread_mxfp4((5, 16, 256), gen)
     whole = fmt.mxfp4_to_nvfp4(packed, scale)
     monkeypatch.setattr(fmt, "_CONVERT_CHUNK_BLOCKS", 24)  # 3 rows per chunk
     chunked = fmt.mxfp4_to_nvfp4(packed, scale)
@@ -258,7 +243,7 @@ def test_conversion_chunks_give_the_same_answer(monkeypatch):
 
 def test_conversion_of_zero_blocks_rows_and_tiny_rows():
     gen = torch.Generator().manual_seed(7)
-    packed, scale = _mx_tensor((4, 8, 256), gen)
+    packed, scale = spread_mxfp4((4, 8, 256), gen)
     zero = packed[0, 0].clone()
     zero[:16] = 0x80  # block 0: codes 0 and 8 (+0 / -0) only
     zero[16:32] = 0x08
@@ -279,7 +264,7 @@ def test_conversion_of_zero_blocks_rows_and_tiny_rows():
 
 def test_conversion_refuses_a_row_beyond_18_binades():
     gen = torch.Generator().manual_seed(8)
-    packed, scale = _mx_tensor((3, 6, 256), gen, span=18)
+    packed, scale = spread_mxfp4((3, 6, 256), gen, span=18)
     nvfp4_ops.mxfp4_to_nvfp4(packed, scale)  # 18 binades: fine
     scale[2, 4] = 127
     scale[2, 4, 5] = 127 - 18  # 19 binades in row (2, 4)
@@ -355,7 +340,7 @@ def test_fake_shapes_without_reading_data():
 
 def test_opcheck():
     gen = torch.Generator().manual_seed(9)
-    packed, scale = _mx_tensor((2, 8, 128), gen)
+    packed, scale = spread_mxfp4((2, 8, 128), gen)
     # uint8 scales with every default util (torch's schema check cannot compare float8 inputs
     # on the CPU, CONTRIBUTING); the e8m0 form with the others
     torch.library.opcheck(torch.ops.nvfp4.mxfp4_to_nvfp4.default, (packed, scale))
@@ -367,7 +352,7 @@ def test_opcheck():
 
 def test_compiled_wrapper_matches_eager():
     gen = torch.Generator().manual_seed(10)
-    packed, scale = _mx_tensor((3, 16, 256), gen)
+    packed, scale = spread_mxfp4((3, 16, 256), gen)
     torch._dynamo.reset()
     compiled = torch.compile(lambda w, s: nvfp4_ops.mxfp4_to_nvfp4(w, s, name="w"),
                              fullgraph=True)

@@ -230,17 +230,20 @@ def test_expert_parallel_slice(flash, pro, shape_name, num_tokens):
     assert_moe_close(got, want, f"{shape_name} EP start={start} T={num_tokens}")
 
 
-@pytest.mark.parametrize("num_tokens", [8, 37])
-def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
-    """Captured once on the converted weights (the wperm order, as the glue prepares them on
-    CUDA), replayed with new hidden states and new routing copied into the static buffers:
-    each replay equals the eager op and the reference, and changes from the previous one."""
+@pytest.mark.parametrize("native", [False, True], ids=["converted", "native"])
+@pytest.mark.parametrize("num_tokens", [8, 37, 100])
+def test_cuda_graph_replay_with_new_routing(flash, num_tokens, native):
+    """Captured once on the converted weights, or on the kernels' UE8M0 form (``native``;
+    warmed from the layer first), with the codes in the wperm order as the glue prepares them
+    on CUDA; replayed with new hidden states and new routing copied into the static buffers:
+    each replay equals the eager op (and, native, the eager op on the converted form) and the
+    reference, and changes from the previous one."""
     nvfp4_ops.warmup(layers=[nvfp4_ops.MoELayer(NUM_EXPERTS, FLASH.hidden, FLASH.intermediate,
-                                                FLASH.top_k, wperm=True)])
+                                                FLASH.top_k, wperm=True, mx=native)])
     w13, w2 = flash.w13.clone(), flash.w2.clone()
     nvfp4_ops.to_wperm_(w13)
     nvfp4_ops.to_wperm_(w2)
-    args = flash.args(w13, w2)
+    args = flash.args(w13, w2, native=native)
     torch.manual_seed(40 + num_tokens)
     hidden = _hidden(num_tokens, FLASH.hidden)
     ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
@@ -266,6 +269,11 @@ def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
         torch.cuda.synchronize()
         eager = call()
         assert torch.equal(static_out, eager), f"replay {step} != eager"
+        if native:
+            converted = nvfp4_ops.moe(hidden, ids, weights, *flash.args(w13, w2),
+                                      swiglu_limit=FLASH.swiglu_limit, output_scale=1.5,
+                                      wperm=True)
+            assert torch.equal(static_out, converted), f"replay {step} != converted form"
         if previous is not None:
             assert not torch.equal(static_out, previous), "replay output did not change"
         previous = static_out.clone()
@@ -273,11 +281,12 @@ def test_cuda_graph_replay_with_new_routing(flash, num_tokens):
         assert_moe_close(static_out, want, f"graph replay {step}")
 
 
-def test_torch_compile_fullgraph_matches_eager(flash):
-    """torch.compile(fullgraph=True) of a layer calling the op on the converted weights, with a
-    dynamic token count, bitwise equal to eager."""
+@pytest.mark.parametrize("native", [False, True], ids=["converted", "native"])
+def test_torch_compile_fullgraph_matches_eager(flash, native):
+    """torch.compile(fullgraph=True) of a layer calling the op on the converted weights (or the
+    kernels' UE8M0 form), with a dynamic token count, bitwise equal to eager."""
     torch._dynamo.reset()
-    args = flash.args()
+    args = flash.args(native=native)
 
     def layer(hidden, ids, weights):
         return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
@@ -366,53 +375,6 @@ def test_native_expert_parallel_slice(pro, num_tokens):
     want = nvfp4_ops.moe(hidden, ids, weights, *pro.args(), **kw)
     assert torch.equal(got, want)
     assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
-
-
-@pytest.mark.parametrize("num_tokens", [8, 100])
-def test_native_cuda_graph_replay_with_new_routing(flash, num_tokens):
-    """Warmed from the layer (MXFP4 form), captured once, replayed with new inputs and
-    routing: each replay equals the eager call on the converted form."""
-    nvfp4_ops.warmup(layers=[nvfp4_ops.MoELayer(NUM_EXPERTS, FLASH.hidden, FLASH.intermediate,
-                                                FLASH.top_k, wperm=True, mx=True)])
-    w13, w2 = flash.w13.clone(), flash.w2.clone()
-    nvfp4_ops.to_wperm_(w13)
-    nvfp4_ops.to_wperm_(w2)
-    native, converted = flash.args(w13, w2, native=True), flash.args(w13, w2)
-    torch.manual_seed(80 + num_tokens)
-    hidden = _hidden(num_tokens, FLASH.hidden)
-    ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
-    kw = dict(swiglu_limit=FLASH.swiglu_limit, output_scale=1.5, wperm=True)
-    graph, static_out = capture_graph(lambda: nvfp4_ops.moe(hidden, ids, weights, *native,
-                                                            **kw), warm_calls=2)
-    for step in range(3):
-        new_ids, new_weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k,
-                                              device="cuda")
-        hidden.copy_(_hidden(num_tokens, FLASH.hidden))
-        ids.copy_(new_ids)
-        weights.copy_(new_weights)
-        static_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = nvfp4_ops.moe(hidden, ids, weights, *converted, **kw)
-        assert torch.equal(static_out, want), f"replay {step}"
-
-
-def test_native_torch_compile_fullgraph_matches_eager(flash):
-    torch._dynamo.reset()
-    args = flash.args(native=True)
-
-    def layer(hidden, ids, weights):
-        return nvfp4_ops.moe(hidden, ids, weights, *args, swiglu_limit=FLASH.swiglu_limit,
-                             output_scale=1.5)
-
-    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
-    for num_tokens in (5, 130):
-        torch.manual_seed(90 + num_tokens)
-        hidden = _hidden(num_tokens, FLASH.hidden)
-        ids, weights = random_routing(num_tokens, NUM_EXPERTS, FLASH.top_k, device="cuda")
-        for t in (hidden, ids, weights):
-            torch._dynamo.mark_dynamic(t, 0)
-        assert torch.equal(compiled(hidden, ids, weights), layer(hidden, ids, weights))
 
 
 def test_prepare_native_on_cuda(flash):

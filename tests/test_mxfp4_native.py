@@ -14,26 +14,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import nvfp4_ops
 from nvfp4_ops import format as fmt
 from nvfp4_ops.kernels import dispatch
-from nvfp4_ops.testing import random_routing
+from nvfp4_ops.testing import random_routing, spread_mxfp4
 
 E8M0 = torch.float8_e8m0fnu
 LO, HI = fmt.MXFP4_KERNEL_SCALE_BYTES
-
-
-def _mx_tensor(shape, gen, row_lo=-100, row_hi=100, span=18):
-    """Random MXFP4 ``(packed, scale)``: per-row top exponents in ``[row_lo, row_hi)``, each
-    row's blocks spread over ``span`` binades below its top (both ends taken)."""
-    *lead, k = shape
-    nb = k // 32
-    packed = torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, generator=gen)
-    top = torch.randint(row_lo, row_hi, (*lead, 1), generator=gen)
-    offs = torch.randint(0, span, (*lead, nb), generator=gen)
-    offs[..., 0] = 0
-    offs[..., -1] = span - 1
-    packed[..., :16] |= 0x11  # blocks 0 and nb - 1 hold non-zero codes: the span is real
-    packed[..., -16:] |= 0x11
-    scale = (top - offs + 127).clamp(0, 254).to(torch.uint8)
-    return packed, scale
 
 
 def _check_exact(packed, scale, kernel_scale, glob):
@@ -53,7 +37,7 @@ def test_rebase_exact_over_127_binades_per_row():
     """Rows whose non-zero blocks span the whole 127 binades the window holds, top exponents
     spread over ~200 binades across the tensor: dequantized bitwise the MXFP4 weights."""
     gen = torch.Generator().manual_seed(1)
-    packed, scale = _mx_tensor((3, 24, 8192), gen, row_lo=-2, row_hi=126, span=127)
+    packed, scale = spread_mxfp4((3, 24, 8192), gen, row_lo=-2, row_hi=126, span=127)
     # the UE8M0 edge codes 0x00 (2^-127) and 0xFE (2^127, magnitudes < 2: no fp32 overflow)
     scale[0, 0, :] = 0
     scale[0, 0, 1] = 126
@@ -72,7 +56,7 @@ def test_rebase_is_the_conversion_rule():
     """Where the NVFP4 conversion holds a tensor, both forms have the same global scales and
     feed the GEMMs the same bf16 weights (``decode`` without the global scale)."""
     gen = torch.Generator().manual_seed(2)
-    packed, scale = _mx_tensor((4, 16, 512), gen, span=18)
+    packed, scale = spread_mxfp4((4, 16, 512), gen, span=18)
     block, glob_nv = nvfp4_ops.mxfp4_to_nvfp4(packed, scale)
     kernel_scale, glob = nvfp4_ops.mxfp4_kernel_scales(packed, scale)
     assert torch.equal(glob, glob_nv)
@@ -82,7 +66,7 @@ def test_rebase_is_the_conversion_rule():
 
 def test_rebase_of_zero_blocks_and_rows():
     gen = torch.Generator().manual_seed(3)
-    packed, scale = _mx_tensor((2, 4, 256), gen)
+    packed, scale = spread_mxfp4((2, 4, 256), gen)
     packed[0, 0, 16:32] &= 0x88  # block 1: +-0 codes only, any scale
     scale[0, 0, 1] = 0
     packed[1, 2] = 0  # a row of zeros
@@ -95,7 +79,7 @@ def test_rebase_of_zero_blocks_and_rows():
 
 def test_rebase_chunks_give_the_same_answer(monkeypatch):
     gen = torch.Generator().manual_seed(4)
-    packed, scale = _mx_tensor((5, 16, 256), gen, span=60)
+    packed, scale = spread_mxfp4((5, 16, 256), gen, span=60)
     whole = fmt.mxfp4_kernel_scales(packed, scale)
     monkeypatch.setattr(fmt, "_CONVERT_CHUNK_BLOCKS", 24)
     chunked = fmt.mxfp4_kernel_scales(packed, scale)
@@ -105,7 +89,7 @@ def test_rebase_chunks_give_the_same_answer(monkeypatch):
 
 def test_rebase_refuses_a_row_beyond_127_binades_and_nan():
     gen = torch.Generator().manual_seed(5)
-    packed, scale = _mx_tensor((2, 3, 256), gen, row_lo=120, row_hi=121, span=127)
+    packed, scale = spread_mxfp4((2, 3, 256), gen, row_lo=120, row_hi=121, span=127)
     nvfp4_ops.mxfp4_kernel_scales(packed, scale)  # 127 binades: fine
     scale[1, 2, 3] = int(scale[1, 2].max()) - 127  # 128 binades in row (1, 2)
     packed[1, 2, 48:64] |= 0x01
@@ -132,7 +116,7 @@ def test_rebase_op_fake_and_meta_errors():
         nvfp4_ops.mxfp4_kernel_scales(torch.zeros(4, 32, dtype=torch.uint8),
                                       torch.zeros(4, 3, dtype=torch.uint8))
     gen = torch.Generator().manual_seed(6)
-    packed, scale = _mx_tensor((2, 8, 128), gen)
+    packed, scale = spread_mxfp4((2, 8, 128), gen)
     torch.library.opcheck(torch.ops.nvfp4.mxfp4_kernel_scales.default, (packed, scale),
                           test_utils=("test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
@@ -140,7 +124,7 @@ def test_rebase_op_fake_and_meta_errors():
 
 def test_rebase_compiled_wrapper_matches_eager():
     gen = torch.Generator().manual_seed(11)
-    packed, scale = _mx_tensor((3, 16, 256), gen, span=40)
+    packed, scale = spread_mxfp4((3, 16, 256), gen, span=40)
     torch._dynamo.reset()
     compiled = torch.compile(lambda w, s: nvfp4_ops.mxfp4_kernel_scales(w, s, name="w"),
                              fullgraph=True, dynamic=True)
@@ -156,8 +140,8 @@ def test_rebase_compiled_wrapper_matches_eager():
 
 def _experts(num_experts, hidden, inter, seed, span=18):
     gen = torch.Generator().manual_seed(seed)
-    w13, s13 = _mx_tensor((num_experts, 2 * inter, hidden), gen, -20, 2, span)
-    w2, s2 = _mx_tensor((num_experts, hidden, inter), gen, -20, 2, span)
+    w13, s13 = spread_mxfp4((num_experts, 2 * inter, hidden), gen, -20, 2, span)
+    w2, s2 = spread_mxfp4((num_experts, hidden, inter), gen, -20, 2, span)
     return w13, s13, w2, s2
 
 
