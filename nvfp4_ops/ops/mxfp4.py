@@ -57,6 +57,14 @@ def _run(op: str, convert, weight: torch.Tensor, scale: torch.Tensor):
         raise NVFP4InputError(f"nvfp4.{e}") from None
 
 
+def _named(op, weight: torch.Tensor, scale: torch.Tensor, name: str):
+    """``op(weight, scale)`` with ``name`` (the caller's name of the tensor) leading any error."""
+    try:
+        return op(weight, scale)
+    except NVFP4InputError as e:
+        raise NVFP4InputError(f"{name}: {e}") from None
+
+
 @torch.library.custom_op(qualname("mxfp4_to_nvfp4"), mutates_args=())
 def _mxfp4_to_nvfp4_op(weight: torch.Tensor, scale: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,10 +116,7 @@ def mxfp4_to_nvfp4(weight: torch.Tensor, scale: torch.Tensor, *, name: str = "we
             representation cannot hold (the row index, the block, the exponents seen). Every
             message starts with ``name``.
     """
-    try:
-        return torch.ops.nvfp4.mxfp4_to_nvfp4(weight, scale)
-    except NVFP4InputError as e:
-        raise NVFP4InputError(f"{name}: {e}") from None
+    return _named(torch.ops.nvfp4.mxfp4_to_nvfp4, weight, scale, name)
 
 
 @torch.library.custom_op(qualname("mxfp4_kernel_scales"), mutates_args=())
@@ -156,7 +161,4 @@ def mxfp4_kernel_scales(weight: torch.Tensor, scale: torch.Tensor, *, name: str 
     Raises:
         NVFP4InputError: as :func:`mxfp4_to_nvfp4` (every message starts with ``name``).
     """
-    try:
-        return torch.ops.nvfp4.mxfp4_kernel_scales(weight, scale)
-    except NVFP4InputError as e:
-        raise NVFP4InputError(f"{name}: {e}") from None
+    return _named(torch.ops.nvfp4.mxfp4_kernel_scales, weight, scale, name)
