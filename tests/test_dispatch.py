@@ -296,7 +296,7 @@ def test_moe_tile_follows_the_ranks_share_of_the_slots():
     assert D.local_slots(3072, 32, 256) == 384
     assert D.local_slots(3072, 32, -1) == D.local_slots(3072, 32, 16) == 3072
     # the tiles an EP rank picks are among those warm-up compiles (any expert count)
-    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.CHECKPOINT)])}
+    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.CHECKPOINT, False)])}
     for t in (1, 128, 512, 4096, 16384):
         for e in (32, 64, 128):
             plan = D.plan_moe(t, 6, e, 4096, 2048, global_num_experts=256)
@@ -317,8 +317,8 @@ def test_hot_tile_class_rule():
         assert c.min_rows >= hot // 2
         rows = c.min_rows  # at min_rows the hot tile is cheaper, one row less is not always
         assert -(-rows // hot) * c.cost < -(-rows // bm) * c.base_cost
-    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.WPERM),
-                                                            (7168, 3072, W.WPERM)])}
+    reach = {p.config.name for p in D.reachable_plans(moes=[(4096, 2048, W.WPERM, False),
+                                                            (7168, 3072, W.WPERM, False)])}
     for h, i, e in ((4096, 2048, 256), (7168, 3072, 384)):
         for t in (1, 8, 128, 512, 1024, 2048, 4096, 16384):
             plan = D.plan_moe(t, 6, e, h, i, order=W.WPERM)

@@ -31,7 +31,7 @@ def _variants():
     for name in ("v4-flash", "v4-pro"):
         s = get_shape(name)
         mlps += [(s.hidden, s.shared_intermediate, o) for o in (W.CHECKPOINT, W.WFRAG)]
-        moes += [(s.hidden, s.intermediate, o) for o in (W.CHECKPOINT, W.WPERM)]
+        moes += [(s.hidden, s.intermediate, o, False) for o in (W.CHECKPOINT, W.WPERM)]
     plans = dispatch.reachable_plans(linears=linears, mlps=mlps, moes=moes)
     return [p.config for p in plans if p.family == "wgmma"]
 

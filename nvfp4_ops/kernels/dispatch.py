@@ -786,8 +786,8 @@ def _dense_reach(block_m: int) -> tuple[int, ...]:
 def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
     """Every GEMM plan the given layers can launch, at any token count (what warm-up compiles
     and runs). ``linears``: ``(N, K, has_bias, order)``; ``mlps``: ``(H, I, order)``;
-    ``moes``: ``(H, I, order)`` or ``(H, I, order, mx)`` (any expert count: the grouped
-    configs do not depend on it; ``mx``: MXFP4 scales, :func:`moe_mx_supported` sizes only).
+    ``moes``: ``(H, I, order, mx)`` (any expert count: the grouped configs do not depend on
+    it; ``mx``: MXFP4 scales, :func:`moe_mx_supported` sizes only).
     Unique by compile key (``config.name``), in a stable order."""
     seen: dict[str, GemmPlan] = {}
 
@@ -809,8 +809,7 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                 add(plan_gemm(2 * inter, hidden_size, bm, epilogue="swiglu", m_tiles=m_tiles,
                               order=order))
                 add(plan_gemm(hidden_size, inter, bm, m_tiles=m_tiles, order=order))
-    for hidden_size, inter, order, *mx in moes:
-        mx = bool(mx and mx[0])
+    for hidden_size, inter, order, mx in moes:
         if not (moe_mx_supported(hidden_size, inter) if mx else moe_supported(hidden_size,
                                                                                inter)):
             continue
