@@ -22,7 +22,7 @@ shard is rescaled to a shared maximum (vLLM's stock NVFP4 linear takes the max a
 **Prepared weight order.** On CUDA the codes of ``weight`` are
 then permuted **in place** into the order every dense GPU kernel reads with natural
 activations (``nvfp4::to_wfrag_``: MMA-fragment order plus the ``wperm`` bit order, same bytes
-per 16-byte block; :mod:`nvfp4_ops.kernels.wfrag`), and the op is called with ``wfrag=True``.
+per 16-byte block; :mod:`nvfp4_ops.orders.wfrag`), and the op is called with ``wfrag=True``.
 ``NVFP4_OPS_DENSE_WFRAG`` = ``auto`` (default: on CUDA) / ``1`` (also on CPU, where the
 reference undoes it) / ``0`` (keep the checkpoint order). The kernels load each 16-byte block
 straight into the registers the MMA reads and decode it with fewer instructions, which is

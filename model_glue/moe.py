@@ -52,7 +52,7 @@ fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` k
 
 [*] On CUDA, where the MoE kernels read it (``dispatch.moe_wperm_supported``: V4-Flash and V4-Pro
 sizes), the codes of ``w13_weight`` / ``w2_weight`` are then permuted **in place** into the
-``wperm`` bit order (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.kernels.wperm`: same bytes per u32
+``wperm`` bit order (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.orders.wperm`: same bytes per u32
 word, bits moved, decoded with fewer instructions) and the op is called with ``wperm=True``.
 The environment variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1`` (also on CPU,
 where the reference undoes it per call) / ``0`` (keep the checkpoint order) overrides the

@@ -1,17 +1,40 @@
-"""``torch.nn`` modules built on the ops: a DeepSeek-V4-style MoE block.
+"""``torch.nn`` modules built on the ops: a DeepSeek-V4-style MoE block, and the routed-expert
+weights it holds.
 
 Used by the ``check`` CLI, the compile/AOT tests and as an example of calling the ops from a
-compiled graph. Weights are buffers, so ``torch.export`` and ``aot_compile`` carry them.
+compiled graph (:func:`nvfp4_ops.testing.random_moe_block` builds one with random weights).
+Weights are buffers, so ``torch.export`` and ``aot_compile`` carry them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from nvfp4_ops.shapes import MoEShape
-from nvfp4_ops.testing import QuantizedExperts, random_experts, random_nvfp4
 
-__all__ = ["MoEBlock"]
+__all__ = ["MoEBlock", "QuantizedExperts"]
+
+
+@dataclass
+class QuantizedExperts:
+    """Routed-expert tensors in the layout ``nvfp4::moe`` takes (see its docstring)."""
+
+    w13: torch.Tensor  # uint8 [E, 2I, H/2]
+    w13_scale: torch.Tensor  # e4m3 [E, 2I, H/16]
+    w13_global: torch.Tensor  # fp32 [E, 2]
+    w2: torch.Tensor  # uint8 [E, H, I/2]
+    w2_scale: torch.Tensor  # e4m3 [E, H, I/16]
+    w2_global: torch.Tensor  # fp32 [E]
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.w13, self.w13_scale, self.w13_global, self.w2, self.w2_scale,
+                self.w2_global)
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
 
 
 class MoEBlock(torch.nn.Module):
@@ -24,6 +47,9 @@ class MoEBlock(torch.nn.Module):
 
     def __init__(self, shape: MoEShape, experts: QuantizedExperts,
                  shared: tuple[torch.Tensor, ...], router: torch.Tensor):
+        """``experts``: the routed experts; ``shared``: the shared expert's ``(w13,
+        w13_scale, w13_global, w2, w2_scale, w2_global)`` as ``nvfp4::mlp`` takes them;
+        ``router``: ``bf16 [E, H]``."""
         super().__init__()
         self.shape = shape
         self.top_k = shape.top_k
@@ -36,25 +62,6 @@ class MoEBlock(torch.nn.Module):
         for name, t in zip(("s13", "s13_scale", "s13_global", "s2", "s2_scale", "s2_global"),
                            shared, strict=True):
             self.register_buffer(name, t)
-
-    @classmethod
-    def random(cls, shape: MoEShape, *, device: str | torch.device = "cpu",
-               num_experts: int | None = None, progress=None) -> MoEBlock:
-        """A block with fresh random NVFP4 weights (``num_experts`` overrides the shape's)."""
-        e = shape.experts if num_experts is None else num_experts
-        experts = random_experts(e, shape.hidden, shape.intermediate, device=device,
-                                 progress=progress)
-        gate_up = [random_nvfp4(shape.shared_intermediate, shape.hidden, device=device)
-                   for _ in range(2)]
-        down = random_nvfp4(shape.hidden, shape.shared_intermediate, device=device)
-        shared = (
-            torch.cat([gate_up[0][0], gate_up[1][0]]),
-            torch.cat([gate_up[0][1], gate_up[1][1]]),
-            torch.stack([gate_up[0][2], gate_up[1][2]]),
-            *down,
-        )
-        router = (torch.randn(e, shape.hidden, device=device) * 0.05).to(torch.bfloat16)
-        return cls(shape, experts, shared, router)
 
     @property
     def experts(self) -> QuantizedExperts:

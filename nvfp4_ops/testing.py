@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from nvfp4_ops import format as fmt
+from nvfp4_ops.modules import MoEBlock, QuantizedExperts
+from nvfp4_ops.shapes import MoEShape
 
 __all__ = [
     "MOE_REL_L2",
@@ -24,32 +26,13 @@ __all__ = [
     "moe_bf16_dequantized",
     "planned_gemm",
     "random_experts",
+    "random_moe_block",
     "random_nvfp4",
     "random_routing",
     "rel_l2",
 ]
 
 WEIGHT_STD = 0.02
-
-
-@dataclass
-class QuantizedExperts:
-    """Routed-expert tensors in the layout ``nvfp4::moe`` takes (see its docstring)."""
-
-    w13: torch.Tensor  # uint8 [E, 2I, H/2]
-    w13_scale: torch.Tensor  # e4m3 [E, 2I, H/16]
-    w13_global: torch.Tensor  # fp32 [E, 2]
-    w2: torch.Tensor  # uint8 [E, H, I/2]
-    w2_scale: torch.Tensor  # e4m3 [E, H, I/16]
-    w2_global: torch.Tensor  # fp32 [E]
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (self.w13, self.w13_scale, self.w13_global, self.w2, self.w2_scale,
-                self.w2_global)
-
-    @property
-    def num_experts(self) -> int:
-        return self.w13.shape[0]
 
 
 def random_nvfp4(rows: int, k: int, *, device: str | torch.device = "cpu",
@@ -86,6 +69,27 @@ def random_experts(num_experts: int, hidden: int, inter: int, *,
         if progress is not None:
             progress(e + 1, num_experts)
     return QuantizedExperts(w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+
+
+def random_moe_block(shape: MoEShape, *, device: str | torch.device = "cpu",
+                     num_experts: int | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> MoEBlock:
+    """A :class:`~nvfp4_ops.modules.MoEBlock` with fresh random NVFP4 weights for ``shape``
+    (``num_experts`` overrides the shape's; ``progress(done, total)`` after each expert)."""
+    e = shape.experts if num_experts is None else num_experts
+    experts = random_experts(e, shape.hidden, shape.intermediate, device=device,
+                             progress=progress)
+    gate_up = [random_nvfp4(shape.shared_intermediate, shape.hidden, device=device)
+               for _ in range(2)]
+    down = random_nvfp4(shape.hidden, shape.shared_intermediate, device=device)
+    shared = (
+        torch.cat([gate_up[0][0], gate_up[1][0]]),
+        torch.cat([gate_up[0][1], gate_up[1][1]]),
+        torch.stack([gate_up[0][2], gate_up[1][2]]),
+        *down,
+    )
+    router = (torch.randn(e, shape.hidden, device=device) * 0.05).to(torch.bfloat16)
+    return MoEBlock(shape, experts, shared, router)
 
 
 def random_routing(num_tokens: int, num_experts: int, top_k: int, *,

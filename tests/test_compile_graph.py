@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import nvfp4_ops
-from nvfp4_ops.modules import MoEBlock
+from nvfp4_ops.testing import random_moe_block
 
 SHAPE = nvfp4_ops.get_shape("tiny")
 
@@ -27,7 +27,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 @pytest.fixture(scope="module")
 def block():
     torch.manual_seed(3)
-    return MoEBlock.random(SHAPE)
+    return random_moe_block(SHAPE)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def cuda_block():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     torch.manual_seed(3)
-    return MoEBlock.random(SHAPE, device="cuda")
+    return random_moe_block(SHAPE, device="cuda")
 
 
 def _block(request, device):

@@ -77,12 +77,23 @@ def test_no_import_cycle_among_package_modules():
 
 def test_layers_point_down():
     """The compile cache imports nothing of the package; the kernels never import the ops,
-    the warm-up or the dispatch's callers; the dispatch imports no launcher."""
+    the warm-up, the references or the dispatch's callers; the dispatch imports no launcher;
+    the references never import the kernels; the orders stand on the format alone; no product
+    module imports the test helpers (only the ``check`` command, a self-test, does)."""
     graph = _module_imports()
     assert graph["nvfp4_ops._compile"] <= {"nvfp4_ops._env"}
     for name, edges in graph.items():
+        if name.startswith("nvfp4_ops.reference"):
+            assert not any(e.startswith("nvfp4_ops.kernels") for e in edges), (name, edges)
+        if name.startswith("nvfp4_ops.orders"):
+            assert edges <= {"nvfp4_ops.format", "nvfp4_ops.orders", "nvfp4_ops.orders.wperm",
+                             "nvfp4_ops.orders.wfrag", "nvfp4_ops.orders.kperm"}, (name, edges)
+        if name not in ("nvfp4_ops.testing", "nvfp4_ops.cli.check"):
+            assert "nvfp4_ops.testing" not in edges, (name, edges)
+    for name, edges in graph.items():
         if name.startswith("nvfp4_ops.kernels"):
-            assert not any(e.startswith(("nvfp4_ops.ops", "nvfp4_ops._warmup", "nvfp4_ops.cli"))
+            assert not any(e.startswith(("nvfp4_ops.ops", "nvfp4_ops._warmup", "nvfp4_ops.cli",
+                                         "nvfp4_ops.reference"))
                            for e in edges), (name, edges)
         if name.startswith("nvfp4_ops.kernels.cute") or name.startswith(
                 "nvfp4_ops.kernels.triton"):

@@ -171,7 +171,7 @@ def _run_and_check_grouped(a, tile_expert, w, w_scale, w_global, rows_global, ro
     """Run one planned grouped GEMM with the global-scale argument ``w_global`` into a NaN-poisoned
     output and check every tile against ``linear_fp32`` with the per-row globals
     ``rows_global`` fp32 ``[G, N]`` (contiguous, built independently)."""
-    from nvfp4_ops.kernels.kperm import to_layout
+    from nvfp4_ops.orders.kperm import to_layout
     from nvfp4_ops.reference.mlp import clamped_swiglu
     from nvfp4_ops.testing import planned_gemm
 
@@ -242,7 +242,7 @@ def test_grouped_stream_pair_order_matches_natural(tiles):
     column), and the natural kernel matches the reference (checked here too). NaN-poisoned
     outputs, skipped tiles, padding rows (``tile_rows``) with NaN inputs."""
     from nvfp4_ops.kernels import dispatch
-    from nvfp4_ops.kernels.kperm import from_layout, permute_pairs
+    from nvfp4_ops.orders.kperm import from_layout, permute_pairs
     from nvfp4_ops.reference.mlp import clamped_swiglu
     from nvfp4_ops.testing import planned_gemm
 

@@ -331,7 +331,7 @@ def test_flash_ep8_rank(flash, num_tokens, all_local):
 @pytest.mark.parametrize("num_tokens", [1, 8, 37, 128])
 def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     """At decode the op runs both grouped GEMMs on the streamed 8-token tiles with pair-order
-    activations (the gather and GEMM 1's epilogue write them; kernels/kperm.py). The B
+    activations (the gather and GEMM 1's epilogue write them; orders/kperm.py). The B
     fragment holds the same k pairs as in the natural order, so the output is bitwise the
     natural-order data flow's; the op itself takes the pair path and matches the reference."""
     from nvfp4_ops.kernels import dispatch, moe_cuda

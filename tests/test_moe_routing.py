@@ -281,11 +281,11 @@ def test_padded_rows_bound():
 
 
 def test_kperm_layout():
-    from nvfp4_ops.kernels.kperm import KPERM_BLOCK, dst, permute_k, src
+    from nvfp4_ops.orders.kperm import KPERM_BLOCK, dst, permute_k, src
 
     assert sorted(src(p) for p in range(KPERM_BLOCK)) == list(range(KPERM_BLOCK))
     assert all(dst(src(p)) == p for p in range(KPERM_BLOCK))
-    # the WGMMA fragment pairing (kernels/kperm.py): logical 16 s + 8 h + 2 c + e
+    # the WGMMA fragment pairing (orders/kperm.py): logical 16 s + 8 h + 2 c + e
     # holds physical 8 c + (2 s + h) + 4 e
     for p in range(KPERM_BLOCK):
         s, h, c, e = p // 16, (p // 8) % 2, (p // 2) % 4, p % 2
@@ -298,8 +298,8 @@ def test_kperm_layout():
 
 
 def test_pair_layout():
-    """The streamed family's 8-block pair order (kernels/kperm.py)."""
-    from nvfp4_ops.kernels import kperm as kp
+    """The streamed family's 8-block pair order (orders/kperm.py)."""
+    from nvfp4_ops.orders import kperm as kp
 
     assert kp.PAIR_BLOCK == 8
     assert [kp.pair_src(p) for p in range(8)] == [0, 4, 1, 5, 2, 6, 3, 7]
@@ -356,7 +356,7 @@ def test_gather_rows(kernels, block_m, hidden_size, layout):
     a, row_scale = routing_mod.gather_rows(hidden, weights, routing, layout)
     assert a.shape == (routing.sorted_slots.numel(), hidden_size) and a.dtype == torch.bfloat16
     if layout != "natural":
-        # an independent statement of each order (kernels/kperm.py): stored position q of a
+        # an independent statement of each order (orders/kperm.py): stored position q of a
         # block holds k 4 (q % 8) + q // 8 (kperm, 32-blocks) or q // 2 + 4 (q % 2) (pair)
         block = 32 if layout == "kperm" else 8
         within = [4 * (q % 8) + q // 8 if layout == "kperm" else q // 2 + 4 * (q % 2)
@@ -436,7 +436,7 @@ def torch_grouped_gemm(a, tile_expert, w, w_scale, w_global, out, *, epilogue, s
     strides; ``H2 = 2`` for ``swiglu``), read here as per-row globals ``[N]`` of each expert
     (gate half, then up half). With ``tile_rows`` the contract lets padding rows hold anything:
     they are written NaN here, so a caller that read them would fail."""
-    from nvfp4_ops.kernels.kperm import stored_column
+    from nvfp4_ops.orders.kperm import stored_column
     from nvfp4_ops.reference.linear import linear_fp32
     from nvfp4_ops.reference.mlp import clamped_swiglu
 
@@ -614,8 +614,8 @@ def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):
     32-block ``kperm`` order at block_m 8, while the gather writes the pair order there, gives
     a wrong result: the orchestration test tells the two orders apart."""
     device, _, _ = kernels
-    from nvfp4_ops.kernels import kperm as kp
     from nvfp4_ops.kernels.moe_cuda import moe_forward
+    from nvfp4_ops.orders import kperm as kp
     from nvfp4_ops.reference import moe_reference
     from nvfp4_ops.testing import random_routing, rel_l2
 

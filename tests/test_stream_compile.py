@@ -83,9 +83,9 @@ def test_bias_tiles_persistent_compile():
     cfg_type = w4a16_stream.StreamConfig
     for cfg in (_stream(4096, 4096, "none", has_bias=True),
                 cfg_type(4096, 4096, "swiglu", False, True, 16),
-                cfg_type(4096, 4096, "swiglu", False, True, 8, 1, 4, 2, 3, ctas=396),
-                cfg_type(4096, 2048, "row_scale", False, True, 8, 1, 2, 2, 2, ctas=792),
-                cfg_type(7168, 18432, "none", False, False, 8, 1, 4, 2, 4, ctas=264)):
+                cfg_type(4096, 4096, "swiglu", False, True, 8, 4, 2, 3, ctas=396),
+                cfg_type(4096, 2048, "row_scale", False, True, 8, 2, 2, 2, ctas=792),
+                cfg_type(7168, 18432, "none", False, False, 8, 4, 2, 4, ctas=264)):
         w4a16_stream.compile_gemm(cfg)
     assert "_p396_" in cfg_type(4096, 4096, ctas=396).name
 

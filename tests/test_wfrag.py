@@ -1,4 +1,4 @@
-"""The ``wfrag`` weight order (:mod:`nvfp4_ops.kernels.wfrag`): the permutation,
+"""The ``wfrag`` weight order (:mod:`nvfp4_ops.orders.wfrag`): the permutation,
 what the kernels compute from it (emulated in torch), the three dense kernel families with it
 compile for sm_90a, and (GPU) equal the checkpoint-order kernels up to fp32 summation order."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nvfp4_ops.format import e2m1_to_float, unpack_e2m1
-from nvfp4_ops.kernels import kperm
-from nvfp4_ops.kernels import wfrag as F
-from nvfp4_ops.kernels import wperm as W
+from nvfp4_ops.orders import kperm
+from nvfp4_ops.orders import wfrag as F
+from nvfp4_ops.orders import wperm as W
 from nvfp4_ops.testing import kernel_ptx
 
 

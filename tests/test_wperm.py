@@ -1,4 +1,4 @@
-"""The ``wperm`` bit order (:mod:`nvfp4_ops.kernels.wperm`): the permutation, the
+"""The ``wperm`` bit order (:mod:`nvfp4_ops.orders.wperm`): the permutation, the
 decoder's integer part against ``pair4``'s, and the kernels that read it compile for sm_90a
 with fewer decode instructions."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from nvfp4_ops.kernels import wperm as W
+from nvfp4_ops.orders import wperm as W
 from nvfp4_ops.testing import kernel_ptx
 
 

@@ -21,7 +21,7 @@ trees alternating for ``--rounds`` rounds so clock drift hits both; median µs, 
 Uses internals: ``dispatch.plan_linear`` (or, in a baseline from before the dispatch module,
 ``linear_cuda.choose_config``), ``dispatch.plan_of_config``, ``linear_cuda.compiled`` /
 ``run_gemm`` / ``per_row_global_view``, ``_compile.cache_dir`` / ``_default_load``,
-``cli.precompile.compile_configs``, ``kernels.wfrag.to_wfrag``, ``kernels.wperm.to_wperm``.
+``cli.precompile.compile_configs``, ``orders.wfrag.to_wfrag``, ``orders.wperm.to_wperm``.
 
 Usage: ``python benchmarks/dev/ab_tree.py --baseline DIR [--ms 1 16 32 128]
 [--nk 7168x18432 18432x7168] [--close] [--reps 20] [--rounds 3] [--flush read|write]
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     from nvfp4_ops.cli.precompile import compile_configs
     from nvfp4_ops.kernels import linear_cuda as L
     from nvfp4_ops.kernels.dispatch import plan_of_config
-    from nvfp4_ops.kernels.wfrag import to_wfrag
-    from nvfp4_ops.kernels.wperm import to_wperm
+    from nvfp4_ops.orders.wfrag import to_wfrag
+    from nvfp4_ops.orders.wperm import to_wperm
 
     shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
     keys = [(n, k, m) for n, k in shapes for m in args.ms]

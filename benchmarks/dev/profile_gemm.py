@@ -7,7 +7,7 @@ Needs a CUDA GPU. Three kinds of run:
 * ``moe SHAPE T``: ``nvfp4_ops.moe`` for a named model shape (``v4-flash``, ``v4-pro``) with
   uniform top-k routing, the weights in the ``wperm`` bit order (``--checkpoint``: as stored);
 * ``wgmma N K M BLOCK_M ROW_WGS STAGES STREAMK [FIELD=VALUE ...]``: one dense WGMMA tile that
-  the dispatch need not pick (``WgmmaConfig`` fields as ints, e.g. ``stage_k=128``), on
+  the dispatch need not pick (``WgmmaConfig`` fields as ints, e.g. ``scale_ahead=1``), on
   prepared weights, launched through ``linear_cuda.run_gemm`` with
   ``dispatch.plan_of_config``.
 

@@ -24,7 +24,7 @@ from nvfp4_ops import kernels
 from nvfp4_ops.modules import MoEBlock
 from nvfp4_ops.reference.mlp import clamped_swiglu
 from nvfp4_ops.shapes import SHAPES, get_shape
-from nvfp4_ops.testing import moe_bf16_dequantized, random_routing, rel_l2
+from nvfp4_ops.testing import moe_bf16_dequantized, random_moe_block, random_routing, rel_l2
 
 
 @dataclass
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             _log(f"quantizing experts to NVFP4: {done}/{total} "
                  f"({time.perf_counter() - t0:.1f} s)")
 
-    block = MoEBlock.random(shape, device=device, num_experts=num_experts, progress=progress)
+    block = random_moe_block(shape, device=device, num_experts=num_experts, progress=progress)
     x = (torch.randn(args.tokens, shape.hidden, device=device)).to(torch.bfloat16)
     ids, weights = random_routing(args.tokens, num_experts, shape.top_k, device=device)
 

@@ -2,8 +2,8 @@
 
 Layout, from the ops down: ``linear_cuda`` / ``moe_cuda`` (the CUDA implementations of the
 ops and the one GEMM launcher), ``dispatch`` (the policy: sizes -> plan), then the kernels
-themselves (``cute/`` CuTeDSL, ``triton/`` Triton) and the weight / activation orders they
-read (``wperm``, ``wfrag``, ``kperm``).
+themselves (``cute/`` CuTeDSL, ``triton/`` Triton). The weight and activation orders they
+read are in :mod:`nvfp4_ops.orders` (pure torch, shared with the references).
 
 Nothing here is imported when ``nvfp4_ops`` is imported: the ops ask :func:`cuda_kernel` for
 their CUDA implementation on the first CUDA call, so importing the package never pulls in

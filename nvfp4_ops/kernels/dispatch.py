@@ -26,7 +26,7 @@ prepared dense weights dense ``none`` problems on ``wfrag`` weights with at leas
                        copies when each CTA streams >= :data:`TMA2D_MIN_CHUNKS` chunks or all
                        CTAs fit one per SM.
 MoE activation order   both grouped GEMMs read a permuted k order (``pair`` for streamed tiles,
-                       ``kperm`` for WGMMA tiles; :mod:`nvfp4_ops.kernels.kperm`) when their
+                       ``kperm`` for WGMMA tiles; :mod:`nvfp4_ops.orders.kperm`) when their
                        families have one; the gather and GEMM 1's epilogue then write it.
 tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fields`,
                        :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
-from nvfp4_ops.kernels.kperm import KPERM, NATURAL, PAIR
 from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, padded_rows
+from nvfp4_ops.orders.kperm import KPERM, NATURAL, PAIR
 
 __all__ = [
     "BLOCK_MS",
@@ -84,10 +84,10 @@ class WeightOrder(enum.Enum):
     """How a weight tensor's FP4 codes are stored (the scales never move).
 
     * ``CHECKPOINT``: as in the checkpoint (low nibble = even k).
-    * ``WPERM``: the 32 bits of every u32 word permuted (:mod:`nvfp4_ops.kernels.wperm`), a
+    * ``WPERM``: the 32 bits of every u32 word permuted (:mod:`nvfp4_ops.orders.wperm`), a
       cheaper decode; read by the kernels with a permuted activation order (the MoE's).
     * ``WFRAG``: MMA-fragment order inside every 32-k block, then the ``wperm`` bits
-      (:mod:`nvfp4_ops.kernels.wfrag`); read by every dense family with natural activations.
+      (:mod:`nvfp4_ops.orders.wfrag`); read by every dense family with natural activations.
     """
 
     CHECKPOINT = "checkpoint"
@@ -112,7 +112,7 @@ _STREAM, _MMA, _WGMMA = "stream", "mma", "wgmma"
 _MODULES = {_STREAM: w4a16_stream, _MMA: w4a16_gemm, _WGMMA: w4a16_wgmma}
 _CONFIGS = {_STREAM: w4a16_stream.StreamConfig, _MMA: w4a16_gemm.GemmConfig,
             _WGMMA: w4a16_wgmma.WgmmaConfig}
-#: the permuted activation order each family reads (:mod:`nvfp4_ops.kernels.kperm`)
+#: the permuted activation order each family reads (:mod:`nvfp4_ops.orders.kperm`)
 _PERMUTED_ORDER = {_STREAM: PAIR, _WGMMA: KPERM}
 
 # ---------------------------------------------------------------------------- tables
@@ -414,7 +414,7 @@ def moe_mx_supported(hidden_size: int, inter: int) -> bool:
             and inter % 512 == 0)
 
 
-def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
+def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM;
     smaller chunks when K is not a multiple of the preferred one (with ``mx`` scales, at
@@ -436,7 +436,7 @@ def _stream_fields(n, k, block_m, epilogue, grouped, m_tiles, mx: bool = False) 
     for warps_k, steps, stages in prefs:
         kc = 128 * warps_k * steps
         if k % kc == 0 and not (mx and kc < 512):
-            return dict(row_groups=1, warps_k=warps_k, steps=steps, stages=stages, ctas=ctas)
+            return dict(warps_k=warps_k, steps=steps, stages=stages, ctas=ctas)
     if mx:
         raise ValueError(f"no streamed tile reads MXFP4 scales at K={k} (needs K % 512 == 0)")
     raise AssertionError("unreachable: K % 256 == 0")
@@ -457,7 +457,7 @@ def _mma_fields(n, k, block_m, epilogue) -> dict:
         row_groups //= 2
     while warps_n > 1 and n_out % (16 * row_groups * warps_n) != 0:
         warps_n //= 2
-    return dict(warps_n=warps_n, warps_k=warps_k, row_groups=row_groups, stages=2)
+    return dict(warps_n=warps_n, warps_k=warps_k, row_groups=row_groups)
 
 
 def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
@@ -504,7 +504,7 @@ def grouped_row_wgs(block_m: int, k: int) -> int:
     return row_wgs if k >= min_k else 2
 
 
-def _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family) -> dict | None:
+def _streamk_fields(n, k, block_m, epilogue, grouped, m_tiles, family) -> dict | None:
     """The stream-K WGMMA tile (every SM gets the same share of the (output tile, k unit)
     pairs; partial tiles summed in K order by the CTA that completes them) for a dense ``none``
     problem on prepared weights: 16/32 tokens where ``mma.sync`` would run, or 128 tokens in at
@@ -523,7 +523,7 @@ def _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family)
     if items * (k // 64) < STREAMK_MIN_K_TILES * NUM_SMS * per_sm:
         return None
     return dict(row_wgs=row_wgs, split_k=1, stages=STREAMK_STAGES, streamk=per_sm,
-                stage_k=128, scale_ahead=block_m <= 32, pdl=True)
+                scale_ahead=block_m <= 32, pdl=True)
 
 
 def _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family) -> dict | None:
@@ -541,7 +541,7 @@ def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
     if grouped or epilogue != "none" or fields["ctas"] or fields["warps_k"] % 2:
         return False
     chunk = 128 * fields["warps_k"] * fields["steps"]
-    return k >= TMA2D_MIN_CHUNKS * chunk or n // (16 * fields["row_groups"]) <= NUM_SMS
+    return k >= TMA2D_MIN_CHUNKS * chunk or n // w4a16_stream.SET_ROWS <= NUM_SMS
 
 
 @functools.cache
@@ -554,6 +554,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
 
     Args:
         epilogue: ``none`` (optional bias), ``swiglu`` (gate rows then up rows), ``row_scale``.
+        has_bias: (``none``) a bf16 ``[N]`` bias is added.
         grouped: per-tile experts (the MoE); else one weight matrix (linear, MLP).
         m_tiles: token tiles of the launch (dense: ``ceil(M / block_m)`` capped at
             :data:`DENSE_MAX_M_TILES`; grouped: padded rows / ``block_m`` capped one past
@@ -594,7 +595,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
     flags: dict = {}
     fields = None
     if wfrag:
-        fields = _streamk_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles, family)
+        fields = _streamk_fields(n, k, block_m, epilogue, grouped, m_tiles, family)
         if fields is None:
             fields = _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family)
         if fields is not None:
@@ -602,8 +603,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         flags["wfrag"] = True
     if fields is None:
         if family == _STREAM:
-            fields = _stream_fields(n, k, block_m, epilogue, grouped,
-                                    m_tiles if grouped else None, mx)
+            fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx)
             if grouped:
                 flags["pdl"] = chained
             elif wfrag:
@@ -702,8 +702,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     activation order, ``N`` slots leave room for at least one hot expert and the rank holds
     at least half of the global experts.
 
-    ``block_m`` / ``permuted`` override the policy's token tile / activation order,
-    The 64-256-row tiles run each CTA only as wide as its real rows need (``flex``,
+    ``block_m`` / ``permuted`` override the policy's token tile / activation order (tests and
+    tools). The 64-256-row tiles run each CTA only as wide as its real rows need (``flex``,
     :data:`MOE_FLEX`), and the tile is chosen with that priced in (:func:`moe_block_m`).
 
     ``chained=False`` launches the GEMMs without launch overlap, ``hot=False`` keeps one

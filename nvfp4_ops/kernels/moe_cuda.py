@@ -26,7 +26,7 @@ padded row count ``P`` (:func:`nvfp4_ops.kernels.triton.moe_routing.padded_rows`
 
 The plan (:func:`nvfp4_ops.kernels.dispatch.plan_moe`, asked once per call) fixes the token
 tile, the padded row count and the activation order: when both GEMMs run a family that reads
-a permuted k order, ``a`` and ``h`` are stored in it (:mod:`nvfp4_ops.kernels.kperm`): the
+a permuted k order, ``a`` and ``h`` are stored in it (:mod:`nvfp4_ops.orders.kperm`): the
 gather writes ``a`` that way and GEMM 1's epilogue writes ``h`` that way. WGMMA tiles
 (16-256): every 32-block k-permuted, so the kernel decodes each lane's own checkpoint bytes
 without gathering them (fewer instructions per weight). Streamed 8-token tiles (decode): every
@@ -87,7 +87,6 @@ import torch
 from nvfp4_ops._validate import NVFP4InputError
 from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
-from nvfp4_ops.kernels.kperm import KPERM
 from nvfp4_ops.kernels.linear_cuda import gated_kernel_weights, memo_views, run_gemm
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
 from nvfp4_ops.kernels.triton.moe_combine import combine, combine_launch
@@ -100,6 +99,7 @@ from nvfp4_ops.kernels.triton.moe_routing import (
     routing_buffers,
     routing_launch,
 )
+from nvfp4_ops.orders.kperm import KPERM
 
 __all__ = ["MoEBuffers", "moe_buffers", "moe_cuda", "moe_forward", "warmup_triton"]
 
@@ -312,9 +312,9 @@ def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
 def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
              w2_global, expert_start, swiglu_limit, output_scale, wperm=False,
              global_num_experts=-1):
-    """The CUDA implementation of ``nvfp4::moe``: the validated op arguments -> ``bf16 [T, H]``.
-
-    Sizes the grouped GEMMs do not cover (H or I not a multiple of 128) run the reference.
+    """The CUDA implementation of ``nvfp4::moe``: the validated op arguments -> ``bf16 [T, H]``,
+    or None where the grouped GEMMs do not cover the sizes (H or I not a multiple of 128; the
+    op then runs the reference).
     ``global_num_experts`` only sizes the token tile (:func:`nvfp4_ops.kernels.dispatch.
     plan_moe`); the ids were checked against it by the op.
 
@@ -348,11 +348,7 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
                              order=WeightOrder.WPERM if wperm else WeightOrder.CHECKPOINT,
                              mx=mx)
     if plan is None:
-        from nvfp4_ops.reference import moe_reference
-
-        return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
-                             w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                             wperm=wperm)
+        return None
     return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                        plan=plan)

@@ -2,7 +2,7 @@
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.linear_reference`).
 CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"linear"`` (Hopper only,
-:mod:`nvfp4_ops._device`); until one is registered, the same reference runs on the GPU.
+:mod:`nvfp4_ops._device`); sizes its kernels do not cover run the reference on the GPU.
 
 Per call only metadata is checked (:mod:`nvfp4_ops._validate`); the weights' values are
 checked once at load with :func:`nvfp4_ops.check_linear_weights`.
@@ -46,9 +46,11 @@ def _linear_cuda(x, weight, weight_scale, global_scale, bias, wfrag=False):
     _check(x, weight, weight_scale, global_scale, bias)
     _device.require_supported_gpu(x.device)
     impl = kernels.cuda_kernel("linear")
-    if impl is None:
+    out = None if impl is None else impl(x, weight, weight_scale, global_scale, bias,
+                                         wfrag=wfrag)
+    if out is None:  # the reference is forced, or no kernel covers these sizes
         return linear_reference(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
-    return impl(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
+    return out
 
 
 @_linear_op.register_fake

@@ -5,7 +5,7 @@ halves of ``w13``, each with its own global scale.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.mlp_reference`).
 CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"mlp"`` (Hopper only,
-:mod:`nvfp4_ops._device`); until one is registered, the same reference runs on the GPU.
+:mod:`nvfp4_ops._device`); sizes its kernels do not cover run the reference on the GPU.
 
 Per call only metadata and ``swiglu_limit`` are checked (:mod:`nvfp4_ops._validate`); the
 weights' values are checked once at load with :func:`nvfp4_ops.check_mlp_weights`.
@@ -68,11 +68,12 @@ def _mlp_cuda(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_lim
     _check(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit)
     _device.require_supported_gpu(x.device)
     impl = kernels.cuda_kernel("mlp")
-    if impl is None:
+    out = None if impl is None else impl(x, w13, w13_scale, w13_global, w2, w2_scale,
+                                         w2_global, swiglu_limit, wfrag=wfrag)
+    if out is None:  # the reference is forced, or no kernel covers these sizes
         return mlp_reference(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
                              swiglu_limit, wfrag=wfrag)
-    return impl(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
-                wfrag=wfrag)
+    return out
 
 
 @_mlp_op.register_fake

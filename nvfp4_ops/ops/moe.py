@@ -5,8 +5,9 @@ with ``expert(e)(x) = down_e(silu(min(gate_e(x), L)) * clamp(up_e(x), -L, L))``.
 
 CPU: the pure-torch reference (:func:`nvfp4_ops.reference.moe_reference`).
 CUDA: the kernel :func:`nvfp4_ops.kernels.cuda_kernel` returns for ``"moe"`` (Hopper only,
-:mod:`nvfp4_ops._device`); until one is registered the reference runs on the GPU, which syncs
-with the host per expert and so must not be captured in a CUDA graph.
+:mod:`nvfp4_ops._device`). Sizes the grouped GEMMs do not cover (``H`` or ``I`` not a multiple
+of 128) run the reference on the GPU, which syncs with the host per expert and so must not be
+captured in a CUDA graph.
 
 Per call only metadata and the Python scalars are checked, on the host
 (:mod:`nvfp4_ops._validate`): nothing reads device data, so an eager call does not sync.
@@ -86,13 +87,15 @@ def _moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2
            expert_start, global_num_experts, swiglu_limit, output_scale)
     _device.require_supported_gpu(hidden.device)
     impl = kernels.cuda_kernel("moe")
-    if impl is None:
+    out = None if impl is None else impl(
+        hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
+        expert_start, swiglu_limit, output_scale, wperm=wperm,
+        global_num_experts=global_num_experts)
+    if out is None:  # the reference is forced, or the grouped GEMMs do not cover (H, I)
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                              wperm=wperm)
-    return impl(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-                w2_global, expert_start, swiglu_limit, output_scale, wperm=wperm,
-                global_num_experts=global_num_experts)
+    return out
 
 
 @_moe_op.register_fake

@@ -2,9 +2,9 @@
 prepared order that ``nvfp4::linear`` / ``nvfp4::mlp`` read with ``wfrag=True`` (or back), in
 place.
 
-The order is :func:`nvfp4_ops.kernels.wfrag.prepare_`'s: inside every 32-k block of a row the
-codes are moved into MMA-fragment order (:mod:`nvfp4_ops.kernels.wfrag`), then the bits of
-every u32 word into the ``wperm`` order (:mod:`nvfp4_ops.kernels.wperm`). Block scales and
+The order is :func:`nvfp4_ops.orders.wfrag.prepare_`'s: inside every 32-k block of a row the
+codes are moved into MMA-fragment order (:mod:`nvfp4_ops.orders.wfrag`), then the bits of
+every u32 word into the ``wperm`` order (:mod:`nvfp4_ops.orders.wperm`). Block scales and
 global scales are unchanged. One pure-torch implementation serves every device.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from nvfp4_ops._library import qualname
 from nvfp4_ops._validate import check_codes_in_place
-from nvfp4_ops.kernels import wfrag as _layout
+from nvfp4_ops.orders import wfrag as _layout
 
 __all__ = ["to_wfrag_"]
 

@@ -2,7 +2,7 @@
 order (or back), in place: the load-time preparation of MoE weights for ``nvfp4::moe(...,
 wperm=True)``, whose GPU kernels decode that order with fewer instructions.
 
-The layout is :mod:`nvfp4_ops.kernels.wperm`'s: a fixed permutation of the 32 bits of every
+The layout is :mod:`nvfp4_ops.orders.wperm`'s: a fixed permutation of the 32 bits of every
 little-endian u32 word (every 4 bytes of a row); byte positions, block scales and global scales
 are unchanged. One pure-torch implementation serves every device (bit moves on int64 copies of
 64 MiB row blocks), so the CPU path accepts whatever the GPU path accepts.
@@ -14,7 +14,7 @@ import torch
 
 from nvfp4_ops._library import qualname
 from nvfp4_ops._validate import check_codes_in_place
-from nvfp4_ops.kernels import wperm as _layout
+from nvfp4_ops.orders import wperm as _layout
 
 __all__ = ["to_wperm_"]
 

@@ -39,9 +39,9 @@ def linear_reference(
 ) -> torch.Tensor:
     """``bf16 [M, N]`` = ``bf16(linear_fp32(...) + bias)``; shapes as in :func:`linear_fp32`,
     ``bias`` ``bf16 [N]`` or None; ``wfrag``: ``weight`` is in the prepared order of
-    :func:`nvfp4_ops.kernels.wfrag.prepare_` (undone here, exactly)."""
+    :func:`nvfp4_ops.orders.wfrag.prepare_` (undone here, exactly)."""
     if wfrag:
-        from nvfp4_ops.kernels.wfrag import unprepared
+        from nvfp4_ops.orders.wfrag import unprepared
 
         weight = unprepared(weight)
     y = linear_fp32(x, weight, weight_scale, global_scale)

@@ -64,10 +64,10 @@ def mlp_reference(
             ``[H]`` (per row).
         swiglu_limit: ``L`` or None.
         wfrag: ``w13`` / ``w2`` are in the prepared order of
-            :func:`nvfp4_ops.kernels.wfrag.prepare_` (undone here, exactly).
+            :func:`nvfp4_ops.orders.wfrag.prepare_` (undone here, exactly).
     """
     if wfrag:
-        from nvfp4_ops.kernels.wfrag import unprepared
+        from nvfp4_ops.orders.wfrag import unprepared
 
         w13, w2 = unprepared(w13), unprepared(w2)
     h = gate_up_activation(x, w13, w13_scale, w13_global, swiglu_limit)

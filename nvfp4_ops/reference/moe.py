@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4_ops.kernels.wperm import from_wperm
+from nvfp4_ops.orders.wperm import from_wperm
 from nvfp4_ops.reference.linear import linear_fp32
 from nvfp4_ops.reference.mlp import gate_up_activation
 
@@ -39,7 +39,7 @@ def moe_reference(
         swiglu_limit: ``L`` or None.
         output_scale: multiplier on the sum (routed_scaling_factor).
         wperm: ``w13`` / ``w2`` hold their codes in the bit order of
-            :mod:`nvfp4_ops.kernels.wperm` (undone here, exactly).
+            :mod:`nvfp4_ops.orders.wperm` (undone here, exactly).
 
     Returns:
         ``bf16 [T, H]``. Each expert's output stays fp32; the k contributions are summed in

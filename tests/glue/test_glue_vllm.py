@@ -431,7 +431,7 @@ def wperm_in_place_and_exact(ckpt: Checkpoint, directory: str, seed: int):
     reference undoes the order exactly). Returns ``(got, x, ids, weights)`` of that call."""
     from types import SimpleNamespace
 
-    from nvfp4_ops.kernels.wperm import to_wperm
+    from nvfp4_ops.orders.wperm import to_wperm
 
     with built_model(ckpt, "native", directory) as eng:
         rx = _routed(eng["model"], 1)
@@ -511,7 +511,7 @@ def test_dense_wfrag_prepared_in_place_and_exact(vllm_cpu, tmp_path, monkeypatch
     """``NVFP4_OPS_DENSE_WFRAG=1``: post-load processing permutes a quantized
     linear's codes in place (same storage) into the prepared order of ``nvfp4::to_wfrag_``;
     the layer then gives bitwise the checkpoint-order answer (the CPU reference undoes it)."""
-    from nvfp4_ops.kernels.wfrag import unprepared
+    from nvfp4_ops.orders.wfrag import unprepared
 
     monkeypatch.setenv("NVFP4_OPS_DENSE_WFRAG", "1")
     ckpt = Checkpoint("modelopt", seed=17)

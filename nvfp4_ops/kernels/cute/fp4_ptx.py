@@ -16,7 +16,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.arch import inline_ptx
 
 from nvfp4_ops.format import MXFP4_KERNEL_SCALE_BYTES
-from nvfp4_ops.kernels.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
+from nvfp4_ops.orders.wperm import MAG_MASK, PAIR_SHIFTS, SIGN_MASK
 
 __all__ = [
     "bf16x2_halves",
@@ -27,6 +27,7 @@ __all__ = [
     "decode_word_shift",
     "decode_word_wperm",
     "decode_word_wperm_2s",
+    "gather_decode",
     "ld_u16",
     "ld_shared_v4_at",
     "ld_u16_at",
@@ -316,7 +317,7 @@ def decode_word_pair4(word: Int32, scale2: Int32):
 
 def decode_word_pair4_2s(word: Int32, scale_a: Int32, scale_b: Int32):
     """:func:`decode_word_pair4` with words 0-1 scaled by ``scale_a`` and words 2-3 by
-    ``scale_b`` (the ``wfrag`` weight order of :mod:`nvfp4_ops.kernels.wfrag`: a word's
+    ``scale_b`` (the ``wfrag`` weight order of :mod:`nvfp4_ops.orders.wfrag`: a word's
     registers 0-1 hold k of a 32-block's first 16, registers 2-3 of its second)."""
     return _pair_decoder(_pair4_body, word, (scale_a, scale_b))
 
@@ -324,7 +325,7 @@ def decode_word_pair4_2s(word: Int32, scale_a: Int32, scale_b: Int32):
 def decode_word_wperm(word: Int32, scale2: Int32):
     """:func:`decode_word_pair4`'s output (4 bf16x2 words, word j = (code j, code j+4) * scale *
     2^-7, ``scale2`` = ``scale * 2^119`` twice) from a u32 whose bits are in the ``wperm`` order
-    of :mod:`nvfp4_ops.kernels.wperm` (one shift and one mask per register, or two and two;
+    of :mod:`nvfp4_ops.orders.wperm` (one shift and one mask per register, or two and two;
     11 integer instructions per word instead of 16)."""
     return _pair_decoder(_wperm_body, word, (scale2,))
 
@@ -332,3 +333,39 @@ def decode_word_wperm(word: Int32, scale2: Int32):
 def decode_word_wperm_2s(word: Int32, scale_a: Int32, scale_b: Int32):
     """:func:`decode_word_wperm` with two scales, as :func:`decode_word_pair4_2s`."""
     return _pair_decoder(_wperm_body, word, (scale_a, scale_b))
+
+
+def gather_decode(w0, w1, w2, w3, sel, scale_a, scale_b):
+    """16 bytes of one weight row (32 k) -> this lane's A registers of two k16 steps.
+
+    ``sel`` = ``c | (c+4) << 4 | c << 8 | (c+4) << 12`` picks byte ``c`` of two words. The
+    gathered word holds the code pairs (k 2c, 2c+1), (2c+8, 2c+9) of step 0 and the same of
+    step 1; it is decoded as in :func:`nvfp4_ops.kernels.cute.fp4_ptx.decode_word_shift`, pairs 0-1
+    times ``scale_a`` (step 0's block scale * 2^119, bf16x2), pairs 2-3 times ``scale_b``.
+    Returns (step0 k 2c, step0 k 2c+8, step1 k 2c, step1 k 2c+8) bf16x2 words.
+    """
+    body = [
+        "{\n",
+        ".reg .b32 x, y, v, q4, r, t;\n",
+        "prmt.b32 x, {$r0}, {$r1}, {$r4};\n",
+        "prmt.b32 y, {$r2}, {$r3}, {$r4};\n",
+        "prmt.b32 v, x, y, 0x5410;\n",
+        "shl.b32 q4, v, 4;\n",
+    ]
+    for j in range(4):
+        sel_j = (j << 12) | (j << 8) | ((4 + j) << 4) | j
+        scale = "{$r5}" if j < 2 else "{$r6}"
+        body += [
+            f"prmt.b32 r, v, q4, {sel_j:#06x};\n",
+            "and.b32 t, r, 0x70007000;\n",
+            "shr.u32 t, t, 6;\n",
+            "and.b32 r, r, 0x80008000;\n",
+            "or.b32 r, r, t;\n",
+            f"mul.rn.bf16x2 {{$w{j}}}, r, {scale};\n",
+        ]
+    body.append("}")
+    return inline_ptx(
+        "".join(body),
+        write_only_types=[Int32, Int32, Int32, Int32],
+        read_only_args=[w0, w1, w2, w3, sel, scale_a, scale_b],
+    )

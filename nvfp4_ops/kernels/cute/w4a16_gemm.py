@@ -59,8 +59,8 @@ SwiGLU: the gate rows and the matching up rows) and ``block_m`` tokens, over one
 K-slices; K-slices are summed through shared memory in a fixed order (deterministic split-K, no
 atomics). Grid = ``(N_out / rows_per_cta, ceil(P / block_m))``.
 
-Weights stream through a per-lane register ring of ``stages`` 128-k steps with static slots
-(the k loop is unrolled by ``stages``; no register copies), 16-byte loads at static offsets
+Weights stream through a per-lane register ring of :data:`STAGES` 128-k steps with static
+slots (the k loop is unrolled by it; no register copies), 16-byte loads at static offsets
 from one 64-bit base per lane.
 
 Role in the dispatch (:mod:`nvfp4_ops.kernels.dispatch`): dense tiles of 16-32 tokens and the
@@ -100,6 +100,9 @@ __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "compile_g
 #: token tile sizes (``block_m``) a binary can be compiled for; the MoE routing pads each
 #: expert segment to a multiple of the one it uses.
 BLOCK_MS = (8, 16, 32, 64)
+#: 128-k steps in each lane's register ring: deeper rings (3, 4, 6) were slower, the loop is
+#: issue / occupancy bound, not short of loads in flight (``DESIGN.md``, section 4)
+STAGES = 2
 
 
 
@@ -117,12 +120,11 @@ class GemmConfig(GemmProblem):
     warps_n: int = 1
     warps_k: int = 8
     row_groups: int = 1
-    stages: int = 2
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
     #: (natural activations): ``pair4`` registers, register ``j`` of word ``i`` (block scale
     #: ``j // 2``) against element ``i`` of the block's ``j``-th activation load
     wfrag: bool = False
-    #: the weight codes are (also) in the ``wperm`` bit order of :mod:`nvfp4_ops.kernels.wperm`
+    #: the weight codes are (also) in the ``wperm`` bit order of :mod:`nvfp4_ops.orders.wperm`
     #: (``wfrag`` only: the ``pair4`` path)
     wperm: bool = False
     arch: str = "sm_90a"
@@ -135,8 +137,6 @@ class GemmConfig(GemmProblem):
             raise ValueError(f"K={self.k} must be a multiple of {128 * self.warps_k}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
-        if not 2 <= self.stages <= 6:
-            raise ValueError(f"stages must be in [2, 6], got {self.stages}")
         if self.wperm and not self.wfrag:
             raise ValueError("wperm needs wfrag (only the pair4 decode path reads it)")
 
@@ -149,7 +149,7 @@ class GemmConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_wn{self.warps_n}"
-            f"_wk{self.warps_k}_rg{self.row_groups}_st{self.stages}"
+            f"_wk{self.warps_k}_rg{self.row_groups}"
             f"{'_wp' if self.wperm else ''}{'_wf' if self.wfrag else ''}_{self.arch}"
         )
 
@@ -248,11 +248,11 @@ class W4A16GroupedGemm(DirectLaunch):
                 token = cutlass.min(m0 + t * 8 + grp, num_rows - 1)
                 a_row_addr.append(a_base + Int64(token) * Int64(k_static * 2) + Int64(quad * 64))
 
-            # register ring of `stages` 128-k steps: while step `it` is decoded and multiplied,
-            # the loads of steps it+1 .. it+stages-1 are in flight. Slots are static (the loop
-            # is unrolled by `stages`): a dynamic register index would go to local memory.
+            # register ring of STAGES 128-k steps: while step `it` is decoded and multiplied,
+            # the loads of steps it+1 .. it+STAGES-1 are in flight. Slots are static (the loop
+            # is unrolled by STAGES): a dynamic register index would go to local memory.
             nr = 2 * nq
-            ns = cfg.stages
+            ns = STAGES
             wbuf = cute.make_rmem_tensor(cute.make_layout(ns * nr * 4), Int32)
             sbuf = cute.make_rmem_tensor(cute.make_layout(ns * nr), Int32)
             k_first = wk * self.k_iters * 128

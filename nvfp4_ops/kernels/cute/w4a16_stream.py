@@ -18,8 +18,8 @@ item while the consumers reduce and store the last one).
 
 CTA structure (warp specialised)
 --------------------------------
-* One producer warp. Each of its lanes owns one weight row of the CTA (16 * ``row_groups``
-  rows, twice that for SwiGLU: gate rows and the matching up rows) and, per K chunk of ``kc =
+* One producer warp. Each of its lanes owns one weight row of the CTA (16 rows, twice that
+  for SwiGLU: gate rows and the matching up rows) and, per K chunk of ``kc =
   128 * warps_k * steps`` values, issues two ``cp.async.bulk`` copies (``kc/2`` code bytes,
   ``kc/16`` scale bytes; checkpoint layout, no re-layout) into stage ``c % stages`` of a ring of
   ``stages`` buffers, completing on that stage's *full* mbarrier (transaction bytes). Before
@@ -76,7 +76,7 @@ MMA ``s`` of a word (``mma.sync.m16n8k16``, weights as A with rows on M, tokens 
 pairs ``2s`` and ``2s + 1`` as its logical k ``{2c, 2c+1}`` and ``{2c+8, 2c+9}``.
 
 Pair-order activations (``kperm``, grouped only: the MoE's 8-token tiles): when ``a`` holds
-every 8-block of k in the ``pair`` order of :mod:`nvfp4_ops.kernels.kperm` (stored position
+every 8-block of k in the ``pair`` order of :mod:`nvfp4_ops.orders.kperm` (stored position
 ``2j`` = k ``j``, ``2j + 1`` = k ``j + 4``), the 16-byte load ``x0..x3`` is already ``(p+j,
 p+j+4)`` in ``x_j``: the B fragment is the loaded words, no ``prmt`` (4 per word index and
 token tile). A ``swiglu`` output is then written in the same order (it is GEMM 2's ``a``):
@@ -122,7 +122,6 @@ from typing import ClassVar
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
-from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync
 
 from nvfp4_ops.kernels.cute.fp4_ptx import (
@@ -142,6 +141,18 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     GemmProblem,
     compile_from_fakes,
     epilogue_value,
+)
+from nvfp4_ops.kernels.cute.ptx import (
+    bulk_g2s,
+    fence_proxy_async,
+    lds_u8,
+    lds_u16,
+    mbar_arrive,
+    mbar_arrive_expect_tx,
+    mbar_init,
+    mbar_inval,
+    mbar_wait,
+    pair_halves,
 )
 
 __all__ = [
@@ -173,26 +184,24 @@ def _odd16(nbytes: int) -> int:
 class StreamConfig(GemmProblem):
     """Everything that changes the generated code (P and G are symbolic).
 
-    The problem fields of :class:`GemmProblem`, then ``row_groups``: MMA row sets per CTA
-    (per half for SwiGLU); ``warps_k``: consumer warps (split K inside the CTA); ``steps``:
-    128-k steps per consumer per stage (stage K chunk ``kc = 128 * warps_k * steps``);
-    ``stages``: pipeline depth; ``ctas``: persistent launch (at most that many CTAs loop over
-    the work items; 0 = one CTA per item); ``kperm``: pair-order activations (module
-    docstring).
+    The problem fields of :class:`GemmProblem`, then ``warps_k``: consumer warps (split K
+    inside the CTA); ``steps``: 128-k steps per consumer per stage (stage K chunk ``kc = 128 *
+    warps_k * steps``); ``stages``: pipeline depth; ``ctas``: persistent launch (at most that
+    many CTAs loop over the work items; 0 = one CTA per item); ``kperm``: pair-order
+    activations (module docstring).
     """
 
     PREFIX: ClassVar[str] = "w4a16s"
     BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
 
     block_m: int = 8
-    row_groups: int = 1
     warps_k: int = 4
     steps: int = 2
     stages: int = 4
     #: persistent launch: at most ``ctas`` CTAs, each looping over (feature tile, token tile)
     #: work items with one pipeline that runs on across items (0 = one item per CTA)
     ctas: int = 0
-    #: activations (operand B) in the ``pair`` order of :mod:`nvfp4_ops.kernels.kperm` (the B
+    #: activations (operand B) in the ``pair`` order of :mod:`nvfp4_ops.orders.kperm` (the B
     #: fragment is the loaded words, no ``prmt``), and a SwiGLU output written in that order
     #: too (the MoE's GEMM 1 feeds GEMM 2); grouped problems only
     kperm: bool = False
@@ -200,9 +209,9 @@ class StreamConfig(GemmProblem):
     #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
     pdl: bool = False
     #: the weight codes are in the ``wperm`` bit order of
-    #: :mod:`nvfp4_ops.kernels.wperm` (a cheaper decode, bitwise the same MMAs)
+    #: :mod:`nvfp4_ops.orders.wperm` (a cheaper decode, bitwise the same MMAs)
     wperm: bool = False
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
     #: and the activations natural: word ``i``'s register ``j`` meets the activation u32
     #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
     #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
@@ -266,8 +275,10 @@ class StreamConfig(GemmProblem):
 
     @property
     def rows_out(self) -> int:
-        """Output features per CTA (16 weight rows per MMA row set)."""
-        return SET_ROWS * self.row_groups
+        """Output features per CTA: one MMA row set of 16 weight rows (per half for SwiGLU).
+        Two sets per CTA, which halve the activation loads per weight, were slower at every
+        size (``DESIGN.md``, section 3)."""
+        return SET_ROWS
 
     @property
     def rows_phys(self) -> int:
@@ -309,7 +320,7 @@ class StreamConfig(GemmProblem):
     @property
     def name(self) -> str:
         return (
-            f"{self.name_head}_rg{self.row_groups}"
+            f"{self.name_head}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
@@ -321,75 +332,6 @@ class StreamConfig(GemmProblem):
 def supported(n_out: int, k: int) -> bool:
     """Whether some config covers this problem (N_out % 16, K % 256)."""
     return n_out % 16 == 0 and k % 256 == 0
-
-
-# --------------------------------------------------------------------------------------------
-# PTX helpers (shared-memory addresses are 32-bit .shared::cta addresses)
-# --------------------------------------------------------------------------------------------
-
-
-def _mbar_init(bar: Int32, count: int) -> None:
-    inline_ptx(f"mbarrier.init.shared::cta.b64 [{{$r0}}], {count};", read_only_args=[bar])
-
-
-def _mbar_wait(bar: Int32, parity: Int32) -> None:
-    """Spin until the phase with parity ``parity`` of ``bar`` has completed."""
-    inline_ptx(
-        "{\n"
-        ".reg .pred p;\n"
-        "LAB_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [{$r0}], {$r1};\n"
-        "@!p bra LAB_WAIT;\n"
-        "}",
-        read_only_args=[bar, parity],
-    )
-
-
-def _mbar_arrive(bar: Int32) -> None:
-    inline_ptx("mbarrier.arrive.shared::cta.b64 _, [{$r0}];", read_only_args=[bar])
-
-
-def _mbar_inval(bar: Int32) -> None:
-    inline_ptx("mbarrier.inval.shared::cta.b64 [{$r0}];", read_only_args=[bar])
-
-
-def _fence_proxy_async() -> None:
-    inline_ptx("fence.proxy.async.shared::cta;")
-
-
-def _mbar_arrive_expect_tx(bar: Int32, tx_bytes: int) -> None:
-    inline_ptx(f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [{{$r0}}], {tx_bytes};",
-               read_only_args=[bar])
-
-
-def _bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32) -> None:
-    """``nbytes`` (multiple of 16; both addresses 16-byte aligned) global -> shared by the
-    bulk-copy engine, completing ``nbytes`` transaction bytes on ``bar``."""
-    inline_ptx(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-        f"[{{$r0}}], [{{$r1}}], {nbytes}, [{{$r2}}];",
-        read_only_args=[dst, src, bar],
-    )
-
-
-def _lds_u8(addr: Int32, offset: int):
-    return inline_ptx(f"ld.shared.u8 {{$w0}}, [{{$r0}}+{offset}];",
-                      write_only_types=[Int32], read_only_args=[addr])
-
-
-def _lds_u16(addr: Int32, offset: int):
-    return inline_ptx(f"ld.shared.u16 {{$w0}}, [{{$r0}}+{offset}];",
-                      write_only_types=[Int32], read_only_args=[addr])
-
-
-def _pair_halves(x_lo: Int32, x_hi: Int32):
-    """(x_lo.lo16 | x_hi.lo16 << 16, x_lo.hi16 | x_hi.hi16 << 16)."""
-    return inline_ptx(
-        "prmt.b32 {$w0}, {$r0}, {$r1}, 0x5410;\n"
-        "prmt.b32 {$w1}, {$r0}, {$r1}, 0x7632;",
-        write_only_types=[Int32, Int32],
-        read_only_args=[x_lo, x_hi],
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,8 +489,8 @@ class W4A16StreamGemm(DirectLaunch):
     def init_barriers(self, tidx, sbase):
         if tidx == 0:
             for s in cutlass.range_constexpr(self.cfg.stages):
-                _mbar_init(sbase + 8 * s, 1)
-                _mbar_init(sbase + 64 + 8 * s, 32 * self.cfg.warps_k)
+                mbar_init(sbase + 8 * s, 1)
+                mbar_init(sbase + 64 + 8 * s, 32 * self.cfg.warps_k)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -558,8 +500,8 @@ class W4A16StreamGemm(DirectLaunch):
         cute.arch.sync_threads()
         if tidx == 0:
             for s in cutlass.range_constexpr(self.cfg.stages):
-                _mbar_inval(sbase + 8 * s)
-                _mbar_inval(sbase + 64 + 8 * s)
+                mbar_inval(sbase + 8 * s)
+                mbar_inval(sbase + 64 + 8 * s)
 
     @cute.jit
     def item(self, io, tidx, sbase, tile_n, tile_m, expert, done):
@@ -590,7 +532,7 @@ class W4A16StreamGemm(DirectLaunch):
             if const_expr(cfg.grouped):
                 real = tile_rows[tile_m]
             acc.fill(0.0)
-            self.consumer(acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done)
+            self.consumer(acc, a, m0, real, warp, lane, num_rows, sbase, stage0, done)
             # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in
             # order (named barrier: the producer warp does not wait, it streams the next item)
             if const_expr(cfg.warps_k > 1):
@@ -643,8 +585,8 @@ class W4A16StreamGemm(DirectLaunch):
             off = s * cfg.stage_bytes
             for j in cutlass.range_constexpr(n_lanes_rows):
                 if lane + 32 * j < cfg.rows_phys:
-                    _bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
-                    _bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // ks)), kc // ks,
+                    bulk_g2s(dsts_w[j] + off, srcs_w[j] + Int64(c * (kc // 2)), kc // 2, full)
+                    bulk_g2s(dsts_s[j] + off, srcs_s[j] + Int64(c * (kc // ks)), kc // ks,
                               full)
 
     @cute.jit
@@ -655,10 +597,10 @@ class W4A16StreamGemm(DirectLaunch):
         cfg = self.cfg
         s = g % cfg.stages
         if g >= cfg.stages:
-            _mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
+            mbar_wait(sbase + 64 + 8 * s, ((g // cfg.stages) + 1) % 2)
         full = sbase + 8 * s
         if lane == 0:
-            _mbar_arrive_expect_tx(full, self.tx_bytes)
+            mbar_arrive_expect_tx(full, self.tx_bytes)
         return s, full
 
     @cute.jit
@@ -691,7 +633,7 @@ class W4A16StreamGemm(DirectLaunch):
             cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)
 
     @cute.jit
-    def consumer(self, acc, a, expert, m0, real, warp, lane, num_rows, sbase, stage0, done):
+    def consumer(self, acc, a, m0, real, warp, lane, num_rows, sbase, stage0, done):
         cfg = self.cfg
         k_static = cfg.k
         grp = lane // 4
@@ -731,7 +673,7 @@ class W4A16StreamGemm(DirectLaunch):
         for c in cutlass.range(self.chunks, unroll=1):
             g = done + c
             s = g % cfg.stages
-            _mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
+            mbar_wait(sbase + 8 * s, (g // cfg.stages) % 2)
             off = s * cfg.stage_bytes
             lw = lane_w + off
             ls = lane_s + off
@@ -740,8 +682,8 @@ class W4A16StreamGemm(DirectLaunch):
                 self.mma_step(acc, lw, ls, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
             # order this warp's shared-memory reads (generic proxy) before the bulk copy
             # (async proxy) that will overwrite the stage once the producer sees the arrive
-            _fence_proxy_async()
-            _mbar_arrive(sbase + 64 + 8 * s)
+            fence_proxy_async()
+            mbar_arrive(sbase + 64 + 8 * s)
 
     def mma_step(self, acc, lw, ls, w_off, s_off, wcol: int, scol: int, a_row_addr, kb):
         """One 128-k step: fragments from shared memory, decode, MMA against the activations.
@@ -756,10 +698,10 @@ class W4A16StreamGemm(DirectLaunch):
             wv.append(ld_shared_v4_at(lw, w_off[q2] + wcol))
             if const_expr(self.cfg.mx):
                 # one UE8M0 scale for the lane's 32 k: both 16-k halves (r // 2 below)
-                v = mx_scale_pre(_lds_u8(ls, s_off[q2] + scol))
+                v = mx_scale_pre(lds_u8(ls, s_off[q2] + scol))
                 scl.append((v, v))
             else:
-                scl.append(scales_to_bf16x2_pre(_lds_u16(ls, s_off[q2] + scol)))
+                scl.append(scales_to_bf16x2_pre(lds_u16(ls, s_off[q2] + scol)))
         x_addr = []
         for t in range(self.num_tiles):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
@@ -785,8 +727,8 @@ class W4A16StreamGemm(DirectLaunch):
                     # wfrag: natural pairs; pair order: word j holds k (p+j, p+j+4) already
                     b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
                 else:
-                    b0, b1 = _pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
-                    b2, b3 = _pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
+                    b0, b1 = pair_halves(xv[0], xv[2])  # k pairs (p, p+4), (p+1, p+5)
+                    b2, b3 = pair_halves(xv[1], xv[3])  # (p+2, p+6), (p+3, p+7)
                 for q in range(nq):
                     dg = dec[2 * q]
                     d8 = dec[2 * q + 1]
@@ -797,30 +739,28 @@ class W4A16StreamGemm(DirectLaunch):
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
                  grp, quad, num_rows):
-        """C fragment f of column tile t, row set q: weight row 16 q + g + 8 (f // 2), token
-        8 t + 2 c + (f % 2). Row set q of the up half is ``row_groups + q``. ``kperm`` +
-        ``swiglu``: feature ``row`` is stored at column ``8 (row // 8) + pair_dst(row % 8)``
-        (``row % 8 == g``: ``row0`` and the row-set offsets are multiples of 8)."""
+        """C fragment f of column tile t: weight row g + 8 (f // 2), token 8 t + 2 c + (f % 2);
+        the up half's fragments follow the gate half's. ``kperm`` + ``swiglu``: feature ``row``
+        is stored at column ``8 (row // 8) + pair_dst(row % 8)`` (``row % 8 == g``: ``row0``
+        is a multiple of 8)."""
         cfg = self.cfg
         unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
         col_shift = 0
         if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
             # pair_dst(g) - g = 2 (g % 4) + g // 4 - g, the same for every row of this lane
             col_shift = 2 * (grp % 4) + grp // 4 - grp
-        for j in cutlass.range_constexpr(cfg.row_groups):
-            for t in cutlass.range_constexpr(self.num_tiles):
-                for f in cutlass.range_constexpr(2 * self.frags):
-                    token = m0 + t * 8 + quad * 2 + (f % 2)
-                    row = row0 + SET_ROWS * j + grp + 8 * (f // 2)
-                    if token < num_rows:
-                        v = epilogue_value(cfg, acc, 4 * (j * self.num_tiles + t) + f,
-                                           4 * ((cfg.row_groups + j) * self.num_tiles + t) + f,
-                                           unscale, w_global, expert, row, token, row_scale,
-                                           bias, swiglu_limit)
-                        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
-                            out[token, row + col_shift] = v.to(BFloat16)
-                        else:
-                            out[token, row] = v.to(BFloat16)
+        for t in cutlass.range_constexpr(self.num_tiles):
+            for f in cutlass.range_constexpr(2 * self.frags):
+                token = m0 + t * 8 + quad * 2 + (f % 2)
+                row = row0 + grp + 8 * (f // 2)
+                if token < num_rows:
+                    v = epilogue_value(cfg, acc, 4 * t + f, 4 * (self.num_tiles + t) + f,
+                                       unscale, w_global, expert, row, token, row_scale, bias,
+                                       swiglu_limit)
+                    if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+                        out[token, row + col_shift] = v.to(BFloat16)
+                    else:
+                        out[token, row] = v.to(BFloat16)
 
 
 def compile_gemm(cfg: StreamConfig, extra_options: str = ""):

@@ -36,7 +36,7 @@ accumulator by 2^7). The block scales (1 byte per row per 16 k, 4 bytes per row 
 read by the consumers with plain ``ld.global.nc`` one stage ahead (a TMA box needs >= 16 bytes).
 
 k-permuted activations (``kperm``, the MoE): when ``a`` holds each 32-block of k in the order
-of :mod:`nvfp4_ops.kernels.kperm`, lane ``c`` of a quad reads only its own 4 bytes of a row's
+of :mod:`nvfp4_ops.orders.kperm`, lane ``c`` of a quad reads only its own 4 bytes of a row's
 32-k chunk (physical k ``8c .. 8c+7``, one block scale) with one ``ld.shared.b32`` and decodes
 them with the ``pair4`` decoder of :mod:`nvfp4_ops.kernels.cute.fp4_ptx`, whose outputs
 ``(8c + j, 8c + j + 4)`` are exactly the logical pairs the permuted B holds in the fragment
@@ -44,7 +44,7 @@ slots above; a SwiGLU output is then stored in the same permuted order (it is GE
 Fewer integer instructions per weight is what the decode-bound tiles need.
 
 Fragment-order weights (``wfrag``, dense): the weights were reordered once at load time
-(:mod:`nvfp4_ops.kernels.wfrag`) so that each lane's u32 word per row and 32 k already holds
+(:mod:`nvfp4_ops.orders.wfrag`) so that each lane's u32 word per row and 32 k already holds
 its fragment's codes; it decodes them with ``pair4`` and the block's two scales against natural
 activations, with no byte gathering. The four lanes of a quad share their rows' scales: each
 converts one pair and the others take it by ``shfl.sync``.
@@ -131,16 +131,15 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
-from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from nvfp4_ops.kernels.cute import streamk
 from nvfp4_ops.kernels.cute.fp4_ptx import (
     bf16x2_halves,
     decode_word_pair4,
     decode_word_pair4_2s,
     decode_word_wperm,
     decode_word_wperm_2s,
+    gather_decode,
     ld_shared_v4_at,
     ld_u16,
     mx_pair_pre,
@@ -153,6 +152,14 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     compile_from_fakes,
     row_global,
 )
+from nvfp4_ops.kernels.cute.ptx import (
+    ldg_u32,
+    lds_u32_at,
+    prmt,
+    shfl_quad,
+    shfl_quad_from,
+)
+from nvfp4_ops.kernels.cute.streamk import StreamKTiles
 
 __all__ = [
     "BLOCK_K",
@@ -202,7 +209,7 @@ class WgmmaConfig(GemmProblem):
     row_wgs: int = 2
     split_k: int = 1
     stages: int = 0
-    #: activations (operand B) in the k-permuted order of :mod:`nvfp4_ops.kernels.kperm`, and a
+    #: activations (operand B) in the k-permuted order of :mod:`nvfp4_ops.orders.kperm`, and a
     #: SwiGLU output written in that order too (the MoE's GEMM 1 feeds GEMM 2): each lane then
     #: decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4`` decoder (one
     #: 4-byte shared load and one block scale) instead of gathering bytes from 16
@@ -219,9 +226,9 @@ class WgmmaConfig(GemmProblem):
     #: its end, so the grid still completes only after the previous one
     sibling: bool = False
     #: the weight codes are in the ``wperm`` bit order of
-    #: :mod:`nvfp4_ops.kernels.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
+    #: :mod:`nvfp4_ops.orders.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
     wperm: bool = False
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.kernels.wfrag`
+    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
     #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
     #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
     wfrag: bool = False
@@ -229,11 +236,6 @@ class WgmmaConfig(GemmProblem):
     #: CTAs per SM split the (output tile, stage) units evenly
     #: (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA per output tile)
     streamk: int = 0
-    #: k per pipeline stage: 64, or 128 for the stream-K tiles ("Wide stages" in the module
-    #: docstring: 64 bytes per weight row per stage, the block scales by TMA too; each lane
-    #: reads its row's scales for both 64-k tiles of a stage with one ``ld.shared.b32`` at the
-    #: stage's start, :meth:`W4A16WgmmaGemm.load_stage_scales`)
-    stage_k: int = BLOCK_K
     #: 128-k stages: the producer warp copies the block scales with ``cp.async`` (8 bytes per
     #: row, all 32 lanes, completing on the stage's full barrier through
     #: ``cp.async.mbarrier.arrive``) instead of a TMA box, and each stage's slot holds the
@@ -289,10 +291,6 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"{self.name}: split-K partials do not fit in the ring buffers")
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
-        if self.stage_k not in (BLOCK_K, 128):
-            raise ValueError(f"stage_k must be {BLOCK_K} or 128, got {self.stage_k}")
-        if (self.stage_k == 128) != bool(self.streamk):
-            raise ValueError("stream-K tiles run 128-k stages, and only they do")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
                              or self.kperm or not self.wfrag or self.k % 128):
             raise ValueError("streamk is for dense 'none' problems (bias allowed) on wfrag "
@@ -310,6 +308,14 @@ class WgmmaConfig(GemmProblem):
     @property
     def consumers(self) -> int:
         return self.row_wgs * self.split_k
+
+    @property
+    def stage_k(self) -> int:
+        """k per pipeline stage: 64, or 128 for the stream-K tiles ("Wide stages" in the module
+        docstring: 64 bytes per weight row per stage, the block scales by TMA too; each lane
+        reads its row's scales for both 64-k tiles of a stage with one ``ld.shared.b32`` at the
+        stage's start, :meth:`W4A16WgmmaGemm.load_stage_scales`)."""
+        return 128 if self.streamk else BLOCK_K
 
     @property
     def uses_setmaxnreg(self) -> bool:
@@ -375,100 +381,14 @@ def supported(n_out: int, k: int) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# PTX helpers (this kernel only)
-# --------------------------------------------------------------------------------------------
-
-
-def _ldg_u32(addr: Int64):
-    """4-byte read-only global load."""
-    return inline_ptx(
-        "ld.global.nc.b32 {$w0}, [{$r0}];",
-        write_only_types=[Int32],
-        read_only_args=[addr],
-    )
-
-
-def _cp_async_ca8(dst: Int32, src: Int64, src_bytes: Int32, predicate=None) -> None:
-    """8-byte ``cp.async`` global -> shared (through L1), reading ``src_bytes`` (0 or 8; the
-    rest are zeros); only where ``predicate`` holds (None: always)."""
-    inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
-               read_only_args=[dst, src, src_bytes], predicate=predicate)
-
-
-def _cp_async_mbarrier_arrive(bar: Int32) -> None:
-    """Arrive on the shared mbarrier at ``bar`` once this thread's earlier ``cp.async`` copies
-    have landed (the pending count is raised now, so the phase waits for them)."""
-    inline_ptx("cp.async.mbarrier.arrive.shared.b64 [{$r0}];", read_only_args=[bar])
-
-
-def _shfl_quad(value: Int32, src: int):
-    """``value`` of lane ``src`` (static, 0-3) of this lane's quad (lanes ``4g .. 4g + 3``):
-    ``shfl.sync.idx`` with segment mask 0x1c, so the source is a constant, not an address."""
-    return inline_ptx(f"shfl.sync.idx.b32 {{$w0}}, {{$r0}}, {src}, 0x1c03, 0xffffffff;",
-                      write_only_types=[Int32], read_only_args=[value])
-
-
-def _shfl_quad_from(value: Int32, src: Int32):
-    """:func:`_shfl_quad` with a per-lane source (0-3) held in a register."""
-    return inline_ptx("shfl.sync.idx.b32 {$w0}, {$r0}, {$r1}, 0x1c03, 0xffffffff;",
-                      write_only_types=[Int32], read_only_args=[value, src])
-
-
-def _lds_u32_at(addr: Int32, offset: int):
-    """4-byte shared-memory load at ``addr + offset`` (a static byte offset)."""
-    return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{offset}];",
-                      write_only_types=[Int32], read_only_args=[addr])
-
-
-def _prmt(a: Int32, b: Int32, sel: Int32):
-    """Byte permute: result byte i = byte ``(sel >> 4i) & 7`` of ``b:a``."""
-    return inline_ptx("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
-                      read_only_args=[a, b, sel])
-
-
-def _gather_decode(w0, w1, w2, w3, sel, scale_a, scale_b):
-    """16 bytes of one weight row (32 k) -> this lane's A registers of two k16 steps.
-
-    ``sel`` = ``c | (c+4) << 4 | c << 8 | (c+4) << 12`` picks byte ``c`` of two words. The
-    gathered word holds the code pairs (k 2c, 2c+1), (2c+8, 2c+9) of step 0 and the same of
-    step 1; it is decoded as in :func:`nvfp4_ops.kernels.cute.fp4_ptx.decode_word_shift`, pairs 0-1
-    times ``scale_a`` (step 0's block scale * 2^119, bf16x2), pairs 2-3 times ``scale_b``.
-    Returns (step0 k 2c, step0 k 2c+8, step1 k 2c, step1 k 2c+8) bf16x2 words.
-    """
-    body = [
-        "{\n",
-        ".reg .b32 x, y, v, q4, r, t;\n",
-        "prmt.b32 x, {$r0}, {$r1}, {$r4};\n",
-        "prmt.b32 y, {$r2}, {$r3}, {$r4};\n",
-        "prmt.b32 v, x, y, 0x5410;\n",
-        "shl.b32 q4, v, 4;\n",
-    ]
-    for j in range(4):
-        sel_j = (j << 12) | (j << 8) | ((4 + j) << 4) | j
-        scale = "{$r5}" if j < 2 else "{$r6}"
-        body += [
-            f"prmt.b32 r, v, q4, {sel_j:#06x};\n",
-            "and.b32 t, r, 0x70007000;\n",
-            "shr.u32 t, t, 6;\n",
-            "and.b32 r, r, 0x80008000;\n",
-            "or.b32 r, r, t;\n",
-            f"mul.rn.bf16x2 {{$w{j}}}, r, {scale};\n",
-        ]
-    body.append("}")
-    return inline_ptx(
-        "".join(body),
-        write_only_types=[Int32, Int32, Int32, Int32],
-        read_only_args=[w0, w1, w2, w3, sel, scale_a, scale_b],
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # The kernel
 # --------------------------------------------------------------------------------------------
 
 
-class W4A16WgmmaGemm:
-    """The CuTeDSL kernel for one :class:`WgmmaConfig`; see the module docstring."""
+class W4A16WgmmaGemm(StreamKTiles):
+    """The CuTeDSL kernel for one :class:`WgmmaConfig`; see the module docstring. The stream-K
+    mode's producer, consumers and fix-up are in its base class
+    (:class:`~nvfp4_ops.kernels.cute.streamk.StreamKTiles`)."""
 
     def __init__(self, cfg: WgmmaConfig) -> None:
         self.cfg = cfg
@@ -862,231 +782,12 @@ class W4A16WgmmaGemm:
 
         return copy
 
-    def streamk_item(self, i, start, end, n_tiles):
-        """``(k0, k1, tm, tn)``: the stages ``[k0, k1)`` of output tile ``i`` (feature tile
-        ``tn``, token tile ``tm``) inside this CTA's units ``[start, end)`` (plain Python)."""
-        kt_n = self.k_tiles
-        k0 = cutlass.max(start - i * kt_n, 0)
-        k1 = cutlass.min(end - i * kt_n, kt_n)
-        tm = i // n_tiles
-        return k0, k1, tm, i - tm * n_tiles
-
-    def streamk_work(self, num_rows):
-        """Stream-K work of this CTA (plain Python, inlined while tracing): ``(start, end,
-        units, grid size, feature tiles)``, units ``[start, end)`` of the (output tile, k tile)
-        pairs (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
-        cfg = self.cfg
-        n_tiles = cfg.n_out // cfg.features_per_cta
-        units = Int64(n_tiles * self.k_tiles) * Int64((num_rows + (cfg.block_m - 1))
-                                                      // cfg.block_m)
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        start, end = streamk.span(units, bidx, gdim)
-        return start, end, units, gdim, n_tiles
-
-    @cute.jit
-    def producer_streamk(self, pipe, tma_b, m_b, tma_w, m_w, s_b, s_w, num_rows, tma_s=None,
-                         m_s=None, s_s=None, w_scale=None):
-        """:meth:`producer` over this CTA's stream-K units: per output tile (feature tile
-        ``i % n_tiles``, token tile ``i // n_tiles``) its stages ``k0 .. k1 - 1``."""
-        kt_n = self.k_tiles
-        t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
-        sub = self.sub
-        t_ss = t_gs = None
-        if const_expr(sub > 1):
-            g_s = cute.local_tile(m_s, (self.box_rows, 16), (None, None))
-            t_ss, t_gs = cpasync.tma_partition(
-                tma_s, 0, cute.make_layout(1), cute.group_modes(s_s, 0, 2),
-                cute.group_modes(g_s, 0, 2))
-        start, end, _, _, n_tiles = self.streamk_work(num_rows)
-        lane = cute.arch.lane_idx()
-        views = (tma_b, tma_w, tma_s, t_sb, t_gb, t_sw, t_gw, t_ss, t_gs, s_s, w_scale, lane)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        if end > start:
-            i0 = start // kt_n
-            skip = Int32(0)
-            if const_expr(self.cfg.pdl):
-                # launch overlap: the first item's first stages (weights, scales) stream while
-                # the previous kernel finishes; their activations (its output, perhaps) only
-                # after griddepcontrol.wait, on the same stage barriers
-                f0, f1, ftm, ftn = self.streamk_item(i0, start, end, n_tiles)
-                skip = cutlass.min(f1 - f0, self.stages)
-                for kt in cutlass.range(f0, f0 + skip, unroll=1):
-                    self.issue_stage(pipe, state, kt, f0, ftm, ftn, views, weights=True,
-                                     acts=False)
-                    state.advance()
-                cute.arch.griddepcontrol_wait()
-                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                     self.stages)
-                for kt in cutlass.range(f0, f0 + skip, unroll=1):
-                    self.issue_stage(pipe, early, kt, f0, ftm, ftn, views, weights=False,
-                                     acts=True)
-                    early.advance()
-            for i in cutlass.range(i0, (end - 1) // kt_n + 1, unroll=1):
-                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
-                for kt in cutlass.range(k0 + cutlass.select_(i == i0, skip, 0), k1, unroll=1):
-                    self.issue_stage(pipe, state, kt, k0, tm, tn, views)
-                    state.advance()
-
-    def issue_stage(self, pipe, state, kt, k0, tm, tn, views, weights=True, acts=True):
-        """Fill ring slot ``state`` with stage ``kt`` of output tile ``(tm, tn)`` (a stream-K
-        piece starting at ``k0``): acquire the slot and copy the weights and block scales
-        (``weights``), the activations (``acts``), on the slot's full barrier (plain Python,
-        inlined while tracing)."""
-        tma_b, tma_w, tma_s, t_sb, t_gb, t_sw, t_gw, t_ss, t_gs, s_s, w_scale, lane = views
-        sub = self.sub
-        nb = self.num_boxes
-        ahead = self.cfg.scale_ahead
-        if weights:
-            if const_expr(ahead):
-                # the cp.async copies and their arrive go first: the arrive raises the phase's
-                # pending count when issued, so the phase cannot complete on the TMA bytes alone
-                pipe.sync_object_empty.wait(state.index, state.phase)
-                self.copy_scales_ahead(state.index, kt, tn, lane, s_s, w_scale,
-                                       pipe.producer_get_barrier(state), kt == k0)
-                pipe.sync_object_full.arrive(state.index, pipe.producer_mask)
-            else:
-                pipe.producer_acquire(state)
-        bar = pipe.producer_get_barrier(state)
-        if acts:
-            for q in range(sub):
-                cute.copy(tma_b, t_gb[(None, tm, kt * sub + q)],
-                          t_sb[(None, state.index * sub + q)], tma_bar_ptr=bar)
-        if weights:
-            if const_expr(sub > 1 and not ahead):
-                # stages kt & ~1 and kt | 1 share a 16-byte box
-                cute.copy(tma_s, t_gs[(None, tn, kt // 2)], t_ss[(None, state.index)],
-                          tma_bar_ptr=bar)
-            if const_expr(self.box_rows > 32):
-                cute.copy(tma_w, t_gw[(None, tn, kt)], t_sw[(None, state.index)],
-                          tma_bar_ptr=bar)
-            else:
-                for b in range(nb):
-                    cute.copy(tma_w, t_gw[(None, tn * nb + b, kt)],
-                              t_sw[(None, state.index * nb + b)], tma_bar_ptr=bar)
-        if acts:
-            pipe.producer_commit(state)  # (a no-op for TMA: the copies complete the stage)
-
-    def copy_scales_ahead(self, index, kt, tn, lane, s_s, w_scale, bar, first):
-        """``scale_ahead``: this producer lane's ``cp.async`` copies of rows ``lane + 32 j``'s
-        block scales into ring slot ``index`` (16 bytes per row: bytes 0-7 stage ``kt``'s, only
-        where ``first``, the stream-K piece's first stage; 8-15 stage ``kt + 1``'s, zeros after
-        the last), then its ``cp.async.mbarrier.arrive`` on the slot's full barrier ``bar``
-        (plain Python, inlined while tracing)."""
-        cfg = self.cfg
-        dst = s_s.iterator.toint() + index * (self.box_rows * 16) + lane * 16
-        src = (w_scale.iterator.toint() + Int64(tn * self.box_rows + lane) * (cfg.k // 16)
-               + Int64(kt) * 8)
-        row_step = 32 * (cfg.k // 16)
-        more = cutlass.select_(kt + 1 < self.k_tiles, Int32(8), Int32(0))
-        for j in range(self.box_rows // 32):
-            _cp_async_ca8(dst + j * 512 + 8, src + Int64(j * row_step + 8), more)
-            _cp_async_ca8(dst + j * 512, src + Int64(j * row_step), Int32(8), first)
-        _cp_async_mbarrier_arrive(bar.toint())
-
-    @cute.jit
-    def consumer_streamk(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
-                         swiglu_limit, counters, scratch, flag, num_rows, tidx, wg, s_s=None):
-        """:meth:`consumer` (``none`` epilogue, no split-K) over this CTA's stream-K units: per
-        output tile, its stages ``k0 .. k1 - 1`` into zeroed accumulators through
-        :meth:`tile` (the same loop as :meth:`consumer`), then the output (a whole tile) or
-        :meth:`streamk_fixup`. The ring runs on across tiles; a tile's last stage is released
-        once its WGMMAs have retired."""
-        kt_n = self.k_tiles
-        lt = tidx % 128
-        wq = lt // 32
-        lane = lt % 32
-        grp = lane // 4
-        quad = lane % 4
-        sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
-        off_lo, off_hi = self.a_row_offsets(wg, wq, grp, quad)
-        w_smem = s_w.iterator.toint()
-        stage_bytes_w = self.w_stage_bytes
-        s_base = w_scale.iterator.toint()
-        ss = None
-        if const_expr(self.sub > 1):
-            # this lane's share of its quad's scales (load_stage_scales): the lo row (quad
-            # lanes 0-1) or the hi row (2-3), both 32-k chunks of 64-k tile quad % 2; the
-            # scale box holds 16 bytes per row (a stage pair)
-            srow = 64 * wg + 16 * wq + grp + 8 * (quad // 2)
-            ss = s_s.iterator.toint() + srow * 16 + 4 * (quad % 2)
-
-        t_cb, acc, frags, raw, scl, sc = self.registers(tiled_mma, s_b, lt)
-        if const_expr(self.cfg.pdl):
-            # the counters, the scratch, the output (and the activations, through the ring)
-            # belong to the chain: wait for the previous kernel, then let the next one launch
-            cute.arch.griddepcontrol_wait()
-            if tidx == 0:
-                cute.arch.griddepcontrol_launch_dependents()
-
-        start, end, units, gdim, n_tiles = self.streamk_work(num_rows)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        tile_args = (tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem, stage_bytes_w, off_lo,
-                     off_hi, sel)
-        if end > start:
-            for i in cutlass.range(start // kt_n, (end - 1) // kt_n + 1, unroll=1):
-                k0, k1, tm, tn = self.streamk_item(i, start, end, n_tiles)
-                row_lo, row_hi = self.a_weight_rows(tn, wg, wq, grp)
-                s_lo, s_hi = self.scale_rows(s_base, row_lo, row_hi, quad)
-                acc.fill(0.0)
-                if const_expr(self.sub == 1):
-                    self.load_scales(sc, 0, s_lo, s_hi, k0)
-                pipe.consumer_wait(state)
-                if const_expr(self.sub > 1):
-                    self.load_stage_scales(sc, ss, state.index, k0)
-                self.load_chunk(raw, scl, w_smem + state.index * stage_bytes_w, off_lo, off_hi,
-                                sc[0], sc[1], 0, sel)
-                # the stages as in :meth:`consumer`: first, middle, last (or a single one)
-                run = (pipe, tile_args, sc, s_lo, s_hi)
-                if k1 - k0 == 1:
-                    state, rel = self.stage_tiles(*run, state, rel, k0, True, True, ss)
-                else:
-                    state, rel = self.stage_tiles(*run, state, rel, k0, True, False, ss)
-                    for kt in cutlass.range(k0 + 1, k1 - 1, unroll=1):
-                        state, rel = self.stage_tiles(*run, state, rel, kt, False, False, ss)
-                    state, rel = self.stage_tiles(*run, state, rel, k1 - 1, False, True, ss)
-                warpgroup.wait_group(0)
-                # every WGMMA of the tile has retired: free its last stage now (the next tile's
-                # first k tile frees nothing, as in :meth:`tile`)
-                pipe.consumer_release(rel)
-                rel.advance()
-                finished = Int32(1)
-                if k1 - k0 != kt_n:
-                    finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
-                                                  tidx, wg)
-                if finished != 0:
-                    self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
-                                  num_rows, row_lo, row_hi, quad)
-
-    def stage_tiles(self, pipe, tile_args, sc, s_lo, s_hi, state, rel, kt, first: bool,
-                    last: bool, ss=None):
-        """The ``sub`` 64-k tiles of stream-K stage ``kt`` (:meth:`tile`); before each, the
-        block scales move one tile on (not before the output tile's first) and the next
-        tile's are loaded (not before its last); with 128-k stages (``ss``: this lane's
-        scale address in stage 0) the stage's scales are already in registers
-        (:meth:`load_stage_scales`, at each stage's wait). Plain Python, inlined while
-        tracing."""
-        sub = self.sub
-        for q in range(sub):
-            if const_expr(sub > 1):
-                state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q,
-                                       (ss, kt + 1))
-                continue
-            if not (first and q == 0):
-                sc[0] = sc[2]
-                sc[1] = sc[3]
-            if not last:
-                self.load_scales(sc, 2, s_lo, s_hi, kt + 1)
-            state, rel = self.tile(pipe, state, rel, *tile_args, first, last, q)
-        return state, rel
-
     def load_stage_scales(self, sc, ss, index, kt, slot: int = 0, which: int = 0):
         """128-k stages: this lane's 4 scale bytes of stage ``kt`` (its row, both 32-k
         chunks of 64-k tile ``quad % 2``) converted into ``sc[0]`` / ``sc[1]`` (chunk 0 / 1,
         bf16x2 ``* 2^119``); :meth:`load_chunk` shuffles them from lane ``q`` (lo row) and
         ``2 + q`` (hi row) of the quad (plain Python)."""
-        word = _lds_u32_at(self.scale_addr(ss, index, kt, which), 0)
+        word = lds_u32_at(self.scale_addr(ss, index, kt, which), 0)
         sc[slot] = scale_pair_pre(word)
         sc[slot + 1] = scale_pair_pre(word >> 16)
 
@@ -1097,37 +798,6 @@ class W4A16WgmmaGemm:
         if const_expr(self.cfg.scale_ahead):
             return ss + index * (self.box_rows * 16) + which * 8
         return ss + index * (self.box_rows * 16) + (kt % 2) * 8
-
-    @cute.jit
-    def streamk_fixup(self, acc, item, counters, scratch, flag, units, gdim, tidx, wg):
-        """All consumer threads of a CTA holding a piece of output tile ``item`` (fewer than all
-        its k tiles): park it, count it (thread 0, the count broadcast through ``flag``) and, if
-        it is the last piece to arrive, sum all pieces in K order into ``acc``, reset the
-        counter and return 1 (the caller then writes the output); else return 0
-        (:mod:`nvfp4_ops.kernels.cute.streamk`)."""
-        cfg = self.cfg
-        bidx, _, _ = cute.arch.block_idx()
-        nthreads = 128 * cfg.consumers
-        n_acc = cute.size(acc)
-        plen = cfg.partial_len
-        off = wg * 128 * n_acc + tidx % 128
-        b_lo, b_hi = streamk.item_owners(item, self.k_tiles, units, gdim)
-        base = scratch.iterator.toint()
-        streamk.park(acc, base, bidx, b_lo, plen, off, n_acc, 128)
-        # thread 0's acquire-release atomic, between two CTA barriers, publishes this CTA's
-        # parked piece and acquires the others' (no GPU-scope fence per thread)
-        cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
-        counter = counters.iterator.toint() + Int64(item) * Int64(4)
-        if tidx == 0:
-            flag[0] = streamk.atom_add_acq_rel_u32(counter, 1)
-        cute.arch.barrier(barrier_id=1, number_of_threads=nthreads)
-        finished = Int32(0)
-        if flag[0] == b_hi - b_lo:
-            streamk.sum_pieces(acc, base, b_lo, b_hi, plen, off, n_acc, 128)
-            if tidx == 0:
-                streamk.st_global_u32(counter, Int32(0))
-            finished = Int32(1)
-        return finished
 
     @cute.jit
     def consumer(self, pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, row_scale, bias,
@@ -1308,8 +978,8 @@ class W4A16WgmmaGemm:
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 2))
             sc[slot + 1] = ld_u16(s_hi + Int64(k_tile * 2))
         else:
-            sc[slot] = _ldg_u32(s_lo + Int64(k_tile * 4))
-            sc[slot + 1] = _ldg_u32(s_hi + Int64(k_tile * 4))
+            sc[slot] = ldg_u32(s_lo + Int64(k_tile * 4))
+            sc[slot + 1] = ldg_u32(s_hi + Int64(k_tile * 4))
 
     def load_chunk(self, raw, scl, stage_w, off_lo, off_hi, sc_lo, sc_hi, j: int, sel,
                    q: int = 0):
@@ -1327,15 +997,15 @@ class W4A16WgmmaGemm:
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
         if const_expr(self.cfg.kperm):
-            raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
-            raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+            raw[0] = lds_u32_at(stage_w + off_lo, 16 * j)
+            raw[1] = lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(self.cfg.mx):
                 # chunk j is one MX block: every lane of the quad takes the rows' byte j
                 scl[0] = mx_pair_pre(sc_lo, sc_hi, j)
                 return
             if const_expr(j == 0):
-                scl[2] = scale_pair_pre(_prmt(sc_lo, sc_hi, sel[2]))
-            scl[0] = _shfl_quad_from(scl[2], sel[j])
+                scl[2] = scale_pair_pre(prmt(sc_lo, sc_hi, sel[2]))
+            scl[0] = shfl_quad_from(scl[2], sel[j])
             return
         if const_expr(self.cfg.wfrag):
             if const_expr(self.sub > 1):
@@ -1343,23 +1013,23 @@ class W4A16WgmmaGemm:
                 addr = stage_w + off_lo
                 if const_expr(2 * q + j > 0):
                     addr = addr ^ ((2 * q + j) * 16)
-                raw[0] = _lds_u32_at(addr, 0)
-                raw[1] = _lds_u32_at(addr, 8 * self.box_bytes)
+                raw[0] = lds_u32_at(addr, 0)
+                raw[1] = lds_u32_at(addr, 8 * self.box_bytes)
             else:
-                raw[0] = _lds_u32_at(stage_w + off_lo, 16 * j)
-                raw[1] = _lds_u32_at(stage_w + off_hi, 16 * j)
+                raw[0] = lds_u32_at(stage_w + off_lo, 16 * j)
+                raw[1] = lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(self.sub > 1):
                 # sc_lo: this lane's converted pair of chunk j (load_stage_scales); the lo row's
                 # of 64-k tile q sits in quad lane q, the hi row's in lane 2 + q
-                scl[0] = _shfl_quad(sc_lo, q)
-                scl[1] = _shfl_quad(sc_lo, 2 + q)
+                scl[0] = shfl_quad(sc_lo, q)
+                scl[1] = shfl_quad(sc_lo, 2 + q)
                 return
             # the quad's pairs (lo row chunk 0, chunk 1, hi row chunk 0, chunk 1) sit in its
             # lanes 0-3 (load_scales): convert this lane's once per tile, keep it in scl[2]
             if const_expr(j == 0):
                 scl[2] = scale_pair_pre(sc_lo)
-            scl[0] = _shfl_quad(scl[2], j)
-            scl[1] = _shfl_quad(scl[2], 2 + j)
+            scl[0] = shfl_quad(scl[2], j)
+            scl[1] = shfl_quad(scl[2], 2 + j)
             return
         lo = ld_shared_v4_at(stage_w + off_lo, 16 * j)
         hi = ld_shared_v4_at(stage_w + off_hi, 16 * j)
@@ -1388,8 +1058,8 @@ class W4A16WgmmaGemm:
             d_lo = decode2(raw[0], *bf16x2_halves(scl[0]))
             d_hi = decode2(raw[1], *bf16x2_halves(scl[1]))
         else:
-            d_lo = _gather_decode(raw[0], raw[1], raw[2], raw[3], sel, *bf16x2_halves(scl[0]))
-            d_hi = _gather_decode(raw[4], raw[5], raw[6], raw[7], sel, *bf16x2_halves(scl[1]))
+            d_lo = gather_decode(raw[0], raw[1], raw[2], raw[3], sel, *bf16x2_halves(scl[0]))
+            d_hi = gather_decode(raw[4], raw[5], raw[6], raw[7], sel, *bf16x2_halves(scl[1]))
         for s in range(2):
             f32v = cute.recast_tensor(frags[2 * j + s], Int32)
             f32v[0] = d_lo[2 * s]

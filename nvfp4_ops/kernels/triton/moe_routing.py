@@ -53,7 +53,7 @@ value on the host:
 4. gather: ``a[r] = hidden[sorted_slots[r] // k]`` (zeros for padding rows) and
    ``row_scale[r] = topk_weights.flat[sorted_slots[r]]`` (0 for padding rows), for the tiles
    that hold rows; tiles past the end are left untouched (the GEMMs skip them). In a
-   permuted layout of :mod:`nvfp4_ops.kernels.kperm` (``kperm``: every 32-block, for the WGMMA
+   permuted layout of :mod:`nvfp4_ops.orders.kperm` (``kperm``: every 32-block, for the WGMMA
    tiles; ``pair``: every 8-block, for the streamed 8-token tiles) the columns are written in
    that order by a register transpose: loads and stores stay contiguous (permuting through
    strided loads instead was several times slower).
@@ -70,9 +70,9 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_ops.kernels.kperm import NATURAL, layout_block
 from nvfp4_ops.kernels.triton import _pdl
 from nvfp4_ops.kernels.triton._launch import Launch, Launcher
+from nvfp4_ops.orders.kperm import NATURAL, layout_block
 
 __all__ = [
     "MoERouting",
@@ -375,7 +375,7 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
         src = hidden_ptr + token.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
         vals = tl.load(src, mask=real[:, None] & col_ok[None, :], other=0.0)
         if PERM_ROWS > 0:
-            # both permuted layouts (kernels/kperm.py) transpose blocks of 4 R k seen as [R, 4]
+            # both permuted layouts (orders/kperm.py) transpose blocks of 4 R k seen as [R, 4]
             # (k = 4a + b stored at position R b + a): R = 8 is ``kperm`` (32-blocks), R = 2
             # ``pair`` (8-blocks: position 2b + a holds k b + 4a). In registers, so loads and
             # stores stay contiguous
@@ -531,7 +531,7 @@ def gather_rows(hidden: torch.Tensor, topk_weights: torch.Tensor, routing: MoERo
         hidden: ``bf16 [T, H]`` contiguous.
         topk_weights: ``float32 [T, k]`` contiguous.
         routing: from :func:`moe_routing` for the same ``T, k``.
-        layout: the column order of ``a``, a name of :data:`nvfp4_ops.kernels.kperm.LAYOUTS`
+        layout: the column order of ``a``, a name of :data:`nvfp4_ops.orders.kperm.LAYOUTS`
             (the MoE plan's ``act_order``: what its GEMM 1 reads; ``H`` a multiple of the
             layout's block: 32 for ``kperm``, 8 for ``pair``).
         pdl: launch with programmatic dependent launch (:mod:`._pdl`; CUDA only).

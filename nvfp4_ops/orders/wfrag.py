@@ -28,7 +28,7 @@ the natural k pair ``(8 j + 2 c, 8 j + 2 c + 1)``:
 Block scales: registers 0-1 hold k of the block's first 16 (scale ``2 b``), registers 2-3 of
 its second (scale ``2 b + 1``), so the decoders take two scales
 (:func:`~nvfp4_ops.kernels.cute.fp4_ptx.decode_word_pair4_2s`). The ``wperm`` bit order
-(:mod:`nvfp4_ops.kernels.wperm`) composes: ``to_wperm(to_wfrag(w))``. Scales and bytes
+(:mod:`nvfp4_ops.orders.wperm`) composes: ``to_wperm(to_wfrag(w))``. Scales and bytes
 outside each 16-byte block are unchanged; only the reduction order of k changes, so outputs
 match the checkpoint order up to fp32 summation order.
 """
@@ -108,7 +108,7 @@ def prepare_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """In place on a contiguous ``w``: the checkpoint order -> this order, then the ``wperm``
     bit order (what ``wfrag=True`` ops read); ``inverse``: back. Temporaries of one row block.
     Returns ``w``."""
-    from nvfp4_ops.kernels import wperm
+    from nvfp4_ops.orders import wperm
 
     if not w.is_contiguous():
         raise ValueError("w must be contiguous for the in-place permutation")
@@ -121,7 +121,7 @@ def prepare_(w: torch.Tensor, inverse: bool = False) -> torch.Tensor:
 
 def unprepared(w: torch.Tensor) -> torch.Tensor:
     """A checkpoint-order copy of weights prepared by :func:`prepare_` (for the references)."""
-    from nvfp4_ops.kernels.wperm import from_wperm
+    from nvfp4_ops.orders.wperm import from_wperm
 
     return from_wfrag(from_wperm(w))
 
