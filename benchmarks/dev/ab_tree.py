@@ -23,6 +23,10 @@ Uses internals: ``dispatch.plan_linear`` (or, in a baseline from before the disp
 ``run_gemm`` / ``per_row_global_view``, ``_compile.cache_dir`` / ``_default_load``,
 ``cli.precompile.compile_configs``, ``orders.wfrag.to_wfrag``, ``orders.wperm.to_wperm``.
 
+Both trees' binaries are launched through this tree's ``run_gemm``, so the baseline must take
+the same twelve operands (trees from before the stream-K workspace got its own ``counters`` /
+``scratch`` operands take ten and cannot be compared this way).
+
 Usage: ``python benchmarks/dev/ab_tree.py --baseline DIR [--ms 1 16 32 128]
 [--nk 7168x18432 18432x7168] [--close] [--reps 20] [--rounds 3] [--flush read|write]
 [--jobs 8] [--out FILE.json]`` (DIR holds the baseline's ``nvfp4_ops`` folder).

@@ -110,7 +110,7 @@ def _after_sync_us(fn, calls: int, first=None) -> float:
 def _gemm_cases(dev: torch.device) -> dict:
     """The CuTeDSL GEMM of an eager ``linear`` M = 1 at (7168, 18432): the binary called bare
     with prepared arguments, the op's kernel (``linear_cuda.linear``) and the public wrapper;
-    and tvm-ffi's own cost for the same ten arguments (``testing.nop``)."""
+    and tvm-ffi's own cost for the same twelve arguments (``testing.nop``)."""
     import tvm_ffi
 
     import nvfp4_ops
@@ -129,11 +129,11 @@ def _gemm_cases(dev: torch.device) -> dict:
     i32 = torch.zeros(1, dtype=torch.int32, device=dev)
     f32 = torch.zeros(1, dtype=torch.float32, device=dev)
     b16 = torch.zeros(1, dtype=torch.bfloat16, device=dev)
-    gemm_args = (x, w3, s3, gv, out, i32, i32, f32, b16, float("inf"))
+    gemm_args = (x, w3, s3, gv, out, i32, i32, f32, b16, i32, f32, float("inf"))
     nop = tvm_ffi.get_global_func("testing.nop")
     return {
         f"GEMM binary, bare ({plan.config.name})"[:32]: lambda: binary(*gemm_args),
-        "tvm-ffi nop, same 10 args": lambda: nop(*gemm_args),
+        "tvm-ffi nop, same 12 args": lambda: nop(*gemm_args),
         "linear_cuda.linear (op kernel)": lambda: linear_cuda.linear(x, w, ws, wg, None, True),
         "nvfp4_ops.linear (public)": lambda: nvfp4_ops.linear(x, w, ws, wg, wfrag=True),
     }

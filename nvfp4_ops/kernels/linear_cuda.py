@@ -136,8 +136,9 @@ def gate_up_global_view(scale: torch.Tensor, inter: int) -> torch.Tensor:
 
 class StreamKWorkspace(NamedTuple):
     """What a stream-K launch needs besides its operands: ``counters`` int32 ``[items]`` (one
-    per output tile, zero on entry and on exit) and ``scratch`` int32 words holding two fp32
-    partial sums per CTA (the kernel sizes its grid from the scratch's length)."""
+    per output tile, zero on entry and on exit) and ``scratch`` fp32 holding two partial sums
+    per CTA (the kernel sizes its grid from the scratch's length). The kernels take them as
+    their own ``counters`` / ``scratch`` operands."""
 
     counters: torch.Tensor
     scratch: torch.Tensor
@@ -154,7 +155,7 @@ def streamk_workspace(config, num_rows: int, device: torch.device) -> StreamKWor
     per call (no kernel reads it before writing it)."""
     items, units = config.streamk_units(num_rows)
     ctas = min(units, _sm_count(device) * config.streamk)
-    scratch = torch.empty(ctas * 2 * config.partial_len, dtype=torch.int32, device=device)
+    scratch = torch.empty(ctas * 2 * config.partial_len, dtype=torch.float32, device=device)
     return StreamKWorkspace(streamk_counters(items, device), scratch)
 
 
@@ -314,7 +315,8 @@ def gated_kernel_weights(w13, w13_scale, w13_global, w2, w2_scale, w2_global) ->
 
 class _Unused(NamedTuple):
     """One-element stand-ins for the interface operands a launch does not use (int32
-    ``tile_expert`` / ``tile_rows``, fp32 ``row_scale``, bf16 ``bias``), per device."""
+    ``tile_expert`` / ``tile_rows`` / ``counters``, fp32 ``row_scale`` / ``scratch``, bf16
+    ``bias``), per device."""
 
     i32: torch.Tensor
     f32: torch.Tensor
@@ -408,28 +410,27 @@ def run_gemm(
         return
     dev = a.device
     unused = _unused(dev)
+    counters, scratch = unused.i32, unused.f32
     if plan.streamk:
         if workspace is None:
             workspace = streamk_workspace(cfg, num_rows, dev)
-        # the interface's two int32 operands carry the workspace (the kernel ABI every family
-        # shares; a grouped launch carries tile_expert / tile_rows there)
-        slot0, slot1 = workspace.counters, workspace.scratch
-    elif tile_expert is not None:
-        slot0 = tile_expert
-        slot1 = tile_rows if tile_rows is not None else torch.full_like(tile_expert,
-                                                                        cfg.block_m)
-    else:
-        slot0 = slot1 = unused.i32
+        counters, scratch = workspace
+    if tile_expert is None:
+        tile_expert = tile_rows = unused.i32
+    elif tile_rows is None:
+        tile_rows = torch.full_like(tile_expert, cfg.block_m)
     _binary(plan)(
         a,
         w,
         w_scale,
         w_global,
         out,
-        slot0,
-        slot1,
+        tile_expert,
+        tile_rows,
         row_scale if row_scale is not None else unused.f32,
         bias if bias is not None else unused.bf16,
+        counters,
+        scratch,
         float("inf") if swiglu_limit is None else float(swiglu_limit),
     )
 

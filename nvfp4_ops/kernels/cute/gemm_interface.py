@@ -6,9 +6,11 @@ The interface (``w4a16_gemm``, ``w4a16_stream`` and ``w4a16_wgmma`` all take it,
 (UE8M0 bytes ``[G, N, K/32]`` for a config with ``mx``: :attr:`GemmProblem.scale_k`),
 ``w_global`` fp32 ``[G, H2, N / H2]`` (any strides, see below), ``out`` bf16 ``[P, N_out]``,
 ``tile_expert`` int32 ``[ceil(P / block_m)]``, ``tile_rows`` int32 ``[ceil(P / block_m)]``,
-``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` fp32, stream. ``P`` and ``G``
-are symbolic: one binary serves every token count and expert count. See ``w4a16_gemm``'s module
-docstring for the meaning of each argument.
+``row_scale`` fp32 ``[P]``, ``bias`` bf16 ``[N]``, ``counters`` int32 and ``scratch`` fp32 (the
+stream-K workspace of ``w4a16_wgmma``: a zeroed counter per output tile, two partial sums per
+CTA; one-element dummies for every other config), ``swiglu_limit`` fp32, stream. ``P`` and
+``G`` are symbolic: one binary serves every token count and expert count. See ``w4a16_gemm``'s
+module docstring for the meaning of each argument.
 
 Global scales (:func:`row_global` reads them): ``w_global[g, h, r]`` is the fp32 global scale
 of weight row ``h * N/H2 + r`` of group ``g``. ``H2 = 2`` for the ``swiglu`` epilogue
@@ -169,6 +171,8 @@ class DirectLaunch:
         tile_rows: cute.Tensor,
         row_scale: cute.Tensor,
         bias: cute.Tensor,
+        counters: cute.Tensor,  # the stream-K workspace: unused by these families
+        scratch: cute.Tensor,
         swiglu_limit: Float32,
         stream,
     ):
@@ -195,8 +199,8 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     assumed 16-byte aligned, ``w_scale`` ``scale_align``-byte aligned (the torch side guarantees
     16); ``w_global`` is ``[G, H2, N / H2]`` with three runtime strides (any, 0 included; see
     the module docstring), every other tensor compact row-major. Call the result as
-    ``fn(a, w, w_scale_u8, w_global, out, tile_expert, tile_rows, row_scale, bias, limit)`` with
-    torch tensors; it launches on torch's current stream. Each family's
+    ``fn(a, w, w_scale_u8, w_global, out, tile_expert, tile_rows, row_scale, bias, counters,
+    scratch, limit)`` with torch tensors; it launches on torch's current stream. Each family's
     ``compile_gemm(cfg, extra_options="")`` is this with its own kernel class.
     """
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
@@ -223,9 +227,12 @@ def compile_from_fakes(kernel, cfg, *, scale_align: int, extra_options: str = ""
     tile_rows = make_fake_compact_tensor(Int32, (sym(),))
     row_scale = make_fake_compact_tensor(Float32, (sym(),))
     bias = make_fake_compact_tensor(BFloat16, (sym(),))
+    counters = make_fake_compact_tensor(Int32, (sym(),))
+    scratch = make_fake_compact_tensor(Float32, (sym(),))
     return cute.compile(
         kernel,
-        a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, Float32(0.0),
+        a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, counters, scratch,
+        Float32(0.0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
         options=f"--gpu-arch {cfg.arch} --enable-tvm-ffi" + extra_options,
     )

@@ -315,7 +315,8 @@ class StreamKTiles:
                     finished = self.streamk_fixup(acc, i, counters, scratch, flag, units, gdim,
                                                   tidx, wg)
                 if finished != 0:
-                    self.epilogue(acc, w_global, out, scratch, bias, swiglu_limit, Int32(0), tm,
+                    # the ``none`` epilogue: no router weights (row_scale None)
+                    self.epilogue(acc, w_global, out, None, bias, swiglu_limit, Int32(0), tm,
                                   num_rows, row_lo, row_hi, quad)
 
     def stage_tiles(self, pipe, tile_args, sc, s_lo, s_hi, state, rel, kt, first: bool,

@@ -26,7 +26,8 @@ its compile-time configuration):
 * ``out`` bf16 ``[P, N_out]``; ``N_out = N/2`` for ``swiglu`` (gate rows ``[0, N/2)``, up rows
   ``[N/2, N)``), else ``N``.
 * ``row_scale`` fp32 ``[P]`` (``row_scale`` epilogue), ``bias`` bf16 ``[N]`` (``none``
-  epilogue), each a one-element dummy when unused; ``swiglu_limit`` fp32 scalar (``inf`` = none).
+  epilogue), ``counters`` int32 / ``scratch`` fp32 (the stream-K workspace of ``w4a16_wgmma``),
+  each a one-element dummy when unused; ``swiglu_limit`` fp32 scalar (``inf`` = none).
 
 The math (exact up to fp32 summation order)
 -------------------------------------------

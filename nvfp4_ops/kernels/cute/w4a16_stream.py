@@ -10,7 +10,8 @@ tile_expert[tile]`` (``-1`` = skip, rows never written), epilogues ``none`` (+ b
 ``w_scale`` u8 (e4m3 bytes) ``[G, N, K/16]``, ``w_global`` fp32 ``[G, H2, N/H2]`` (any
 strides; ``global[g, n]`` its row ``n``, as in ``w4a16_gemm``), ``out`` bf16
 ``[P, N_out]``, ``tile_expert`` i32 ``[ceil(P / block_m)]``, ``row_scale`` fp32 ``[P]``,
-``bias`` bf16 ``[N]`` (one-element dummies when unused), ``swiglu_limit`` fp32, stream.
+``bias`` bf16 ``[N]``, ``counters`` / ``scratch`` (unused here; one-element dummies when
+unused), ``swiglu_limit`` fp32, stream.
 ``P`` is symbolic; the grid is ``(N_out / rows_out_per_cta, ceil(P / block_m))``, or with
 ``ctas > 0`` (persistent) ``min(that many work items, ctas)`` CTAs, each taking items ``i, i +
 gridDim.x, ...`` with one pipeline that runs on across them (the producer streams the next

@@ -8,7 +8,8 @@ with the arguments ``a`` bf16 ``[P, K]``, ``w`` u8 ``[G, N, K/2]``, ``w_scale`` 
 ``w_global[g, n // (N/H2), n % (N/H2)]``, ``H2`` = 2 for ``swiglu`` else 1:
 :mod:`nvfp4_ops.kernels.cute.gemm_interface`), ``out`` bf16 ``[P, N_out]``, ``tile_expert`` i32
 ``[ceil(P / block_m)]`` (-1 = skip the tile; a dummy when not grouped), ``row_scale`` f32
-``[P]``, ``bias`` bf16 ``[N]``, ``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
+``[P]``, ``bias`` bf16 ``[N]``, ``counters`` i32 / ``scratch`` f32 (stream-K's workspace, below),
+``swiglu_limit`` f32, in that order. ``P`` and ``G`` are symbolic.
 It serves prefill and mid batches (dense tiles of 64-256 tokens, grouped 16-256) and, on
 prepared (``wfrag``) weights, the stream-K tiles of large dense layers at 16-128 tokens.
 
@@ -74,14 +75,13 @@ the (output tile, 128-k stage) units and run them through the same ring and
 CTA that completes them (:mod:`nvfp4_ops.kernels.cute.streamk`): deterministic, and no CTA waits
 for another. Thread 0 publishes a parked piece and acquires the others' with one
 acquire-release atomic between two CTA barriers. The tile counters and the fp32 scratch (the
-launcher's stream-K workspace, ``linear_cuda.StreamKWorkspace``) arrive in the interface's two
-int32 operands that grouped calls use for ``tile_expert`` / ``tile_rows``, so every family keeps
-one binary signature. The kernel leaves the counters at zero, so the launcher reuses one buffer
-per stream or graph capture. With ``pdl`` (every stream-K tile) the producer streams its first
-item's first stages of weights and scales before ``griddepcontrol.wait``, and their activations
-after it; the consumers wait first thing, then let the next kernel launch (the protocol of
-``moe_cuda``'s "Launch overlap"). The counters, the scratch, the output and the activations are
-touched only after the wait.
+launcher's stream-K workspace, ``linear_cuda.StreamKWorkspace``) are the interface's
+``counters`` and ``scratch`` operands (one-element dummies for every other config). The kernel
+leaves the counters at zero, so the launcher reuses one buffer per stream or graph capture. With
+``pdl`` (every stream-K tile) the producer streams its first item's first stages of weights and
+scales before ``griddepcontrol.wait``, and their activations after it; the consumers wait first
+thing, then let the next kernel launch (the protocol of ``moe_cuda``'s "Launch overlap"). The
+counters, the scratch, the output and the activations are touched only after the wait.
 
 Wide stages (``stage_k=128``, the stream-K tiles). A stage holds 128 k: one TMA box of
 ``64 * row_wgs`` weight rows x 64 bytes (64-byte swizzle: 16-byte unit ``u`` of row ``r`` at
@@ -423,9 +423,11 @@ class W4A16WgmmaGemm(StreamKTiles):
         w_global: cute.Tensor,
         out: cute.Tensor,
         tile_expert: cute.Tensor,
-        tile_rows: cute.Tensor,  # unused (w4a16_gemm's module docstring)
+        tile_rows: cute.Tensor,
         row_scale: cute.Tensor,
         bias: cute.Tensor,
+        counters: cute.Tensor,
+        scratch: cute.Tensor,
         swiglu_limit: Float32,
         stream,
     ):
@@ -471,16 +473,16 @@ class W4A16WgmmaGemm(StreamKTiles):
         grid_n = cfg.n_out // cfg.features_per_cta
         grid_m = (num_rows + (bm - 1)) // bm
         grid = [grid_n, grid_m, 1]
-        aux = row_scale
         if const_expr(cfg.streamk > 0):
-            # counters in tile_expert, the scratch in tile_rows: as many CTAs as it has two
-            # partial slots for (nvfp4_ops.kernels.linear_cuda.streamk_scratch)
-            grid = [tile_rows.shape[0] // (2 * cfg.partial_len), 1, 1]
-            aux = tile_rows
+            # as many CTAs as the scratch has two partial slots for
+            # (nvfp4_ops.kernels.linear_cuda.streamk_workspace)
+            grid = [scratch.shape[0] // (2 * cfg.partial_len), 1, 1]
+            # (128-k stages: ``extra`` holds the scale TMA atom and its tensor)
+            extra = (*extra, None, counters, scratch)
         if const_expr(cfg.flex):
             extra = (None, None, tile_rows)
         self.kernel(
-            tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, aux, bias,
+            tma_b, m_b, tma_w, m_w, w_scale, w_global, out, tile_expert, row_scale, bias,
             swiglu_limit, tiled_mma, b_layout, num_rows, *extra,
         ).launch(
             grid=grid,
@@ -557,6 +559,8 @@ class W4A16WgmmaGemm(StreamKTiles):
         tma_s: cute.CopyAtom = None,
         m_s: cute.Tensor = None,
         tile_rows: cute.Tensor = None,
+        counters: cute.Tensor = None,
+        scratch: cute.Tensor = None,
     ):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -589,8 +593,8 @@ class W4A16WgmmaGemm(StreamKTiles):
                     cute.arch.griddepcontrol_wait()
         else:
             self.fixed_tile(storage, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
-                            tile_expert, row_scale, bias, swiglu_limit, tiled_mma, b_layout,
-                            num_rows, tma_s, m_s, expert, tidx, bidx, bidy, warp, wg)
+                            row_scale, bias, swiglu_limit, tiled_mma, b_layout, num_rows, tma_s,
+                            m_s, expert, tidx, bidx, bidy, warp, wg, counters, scratch)
 
     def ring(self, storage, tx_count: int):
         """The full / empty mbarrier ring of the CTA's stages, each stage completing on
@@ -639,10 +643,11 @@ class W4A16WgmmaGemm(StreamKTiles):
                           bias, swiglu_limit, expert, bidx, bidy, num_rows, tidx, wg, width)
 
     @cute.jit
-    def fixed_tile(self, storage, tma_b, m_b, tma_w, m_w, w_scale, w_global, out,
-                   tile_expert, row_scale, bias, swiglu_limit, tiled_mma, b_layout, num_rows,
-                   tma_s, m_s, expert, tidx, bidx, bidy, warp, wg):
-        """Every tile ``block_m`` tokens wide (dense, stream-K and grouped without ``flex``)."""
+    def fixed_tile(self, storage, tma_b, m_b, tma_w, m_w, w_scale, w_global, out, row_scale,
+                   bias, swiglu_limit, tiled_mma, b_layout, num_rows, tma_s, m_s, expert, tidx,
+                   bidx, bidy, warp, wg, counters=None, scratch=None):
+        """Every tile ``block_m`` tokens wide (dense, stream-K and grouped without ``flex``);
+        ``counters`` / ``scratch``: the stream-K workspace (stream-K configs only)."""
         cfg = self.cfg
         pipe = self.ring(storage, self.tx_bytes)
         s_b = storage.s_b.get_tensor(b_layout.outer, swizzle=b_layout.inner)
@@ -657,7 +662,6 @@ class W4A16WgmmaGemm(StreamKTiles):
                 (self.box_rows, 16, self.stages), stride=(16, 1, self.box_rows * 16)))
 
         if const_expr(cfg.streamk > 0):
-            # tile_expert: the tile counters, row_scale: the scratch (stream-K's ``aux``)
             if wg == cfg.consumers:
                 if const_expr(cfg.uses_setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -669,7 +673,7 @@ class W4A16WgmmaGemm(StreamKTiles):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                 flag = storage.flag.get_tensor(cute.make_layout(4))
                 self.consumer_streamk(pipe, tiled_mma, s_b, s_w, w_scale, w_global, out, bias,
-                                      swiglu_limit, tile_expert, row_scale, flag, num_rows,
+                                      swiglu_limit, counters, scratch, flag, num_rows,
                                       tidx, wg, s_s)
         elif expert >= 0:
             if wg == cfg.consumers:
