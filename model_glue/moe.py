@@ -50,13 +50,13 @@ The e8m0 scales start as 0xFF (the UE8M0 NaN code), so a scale the checkpoint ne
 fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
 ``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
 
-[*] On CUDA, where the MoE kernels read it (``dispatch.moe_wperm_supported``: V4-Flash and V4-Pro
-sizes), the codes of ``w13_weight`` / ``w2_weight`` are then permuted **in place** into the
-``wperm`` bit order (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.orders.wperm`: same bytes per u32
-word, bits moved, decoded with fewer instructions) and the op is called with ``wperm=True``.
-The environment variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1`` (also on CPU,
-where the reference undoes it per call) / ``0`` (keep the checkpoint order) overrides the
-choice.
+[*] On CUDA, where the MoE kernels read it (``nvfp4_ops.prepare.moe_wperm_supported``: V4-Flash
+and V4-Pro sizes), the codes of ``w13_weight`` / ``w2_weight`` are then permuted **in place**
+into the ``wperm`` bit order (``nvfp4::to_wperm_``, :mod:`nvfp4_ops.orders.wperm`: same bytes
+per u32 word, bits moved, decoded with fewer instructions) and the op is called with
+``wperm=True``. The environment variable ``NVFP4_OPS_MOE_WPERM`` = ``auto`` (default) / ``1``
+(also on CPU, where the reference undoes it per call) / ``0`` (keep the checkpoint order)
+overrides the choice.
 
 The NVFP4 class name contains ``ModelOpt`` on purpose: vLLM 0.33's
 ``RoutedExperts.weight_loader`` routes per-tensor ``weight_scale_2``/``input_scale`` loading by

@@ -57,13 +57,16 @@ from typing import Any
 from nvfp4_ops import _env
 
 __all__ = [
-    "CompileAfterWarmupError",
     "cache_dir",
     "clear_memory_cache",
     "compile_count",
+    "CompileAfterWarmupError",
+    "ensure_cutlass_env",
     "fingerprint",
     "get_compiled",
     "is_warm",
+    "mark_warm",
+    "memory_generation",
     "no_compile",
     "set_no_compile_after_warmup",
     "target_arch",

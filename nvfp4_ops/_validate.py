@@ -31,7 +31,6 @@ from nvfp4_ops import _env
 from nvfp4_ops.format import MXFP4_KERNEL_SCALE_BYTES
 
 __all__ = [
-    "NVFP4InputError",
     "check_codes_in_place",
     "check_linear_meta",
     "check_linear_weights",
@@ -43,6 +42,9 @@ __all__ = [
     "check_swiglu_limit",
     "check_topk_ids_values",
     "check_weight_values",
+    "expect_dtype",
+    "expect_same_device",
+    "NVFP4InputError",
     "set_value_checks",
     "value_checks_enabled",
 ]

@@ -30,7 +30,8 @@ from nvfp4_ops.ops.mxfp4 import mxfp4_kernel_scales, mxfp4_to_nvfp4
 from nvfp4_ops.ops.wfrag import to_wfrag_
 from nvfp4_ops.ops.wperm import to_wperm_
 
-__all__ = ["moe_wperm_supported", "prepare_linear", "prepare_moe", "prepare_mxfp4_moe"]
+__all__ = ["moe_mx_supported", "moe_wperm_supported", "prepare_linear", "prepare_moe",
+           "prepare_mxfp4_moe"]
 
 
 def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
@@ -41,10 +42,13 @@ def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
     return supported(hidden_size, inter)
 
 
-def _moe_mx_supported(hidden_size: int, inter: int) -> bool:
-    from nvfp4_ops.kernels.dispatch import moe_mx_supported
+def moe_mx_supported(hidden_size: int, inter: int) -> bool:
+    """Whether the MoE's GPU kernels read MXFP4 scales natively (UE8M0 per 32 k) at every token
+    tile for these sizes (``H`` and ``I`` multiples of 512; V4-Flash and V4-Pro: yes). Pure
+    function of the sizes; loads the kernel modules."""
+    from nvfp4_ops.kernels.dispatch import moe_mx_supported as supported
 
-    return moe_mx_supported(hidden_size, inter)
+    return supported(hidden_size, inter)
 
 
 def _contiguous_in_place(t: torch.Tensor, where: str, name: str) -> None:
@@ -152,7 +156,7 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             ``[E, H, I/32]``.
         wperm, where: as :func:`prepare_moe`.
         native: keep UE8M0 scales (None: ``NVFP4_OPS_MXFP4_SCALES``, default ``convert``).
-            On CUDA this needs :func:`nvfp4_ops.kernels.dispatch.moe_mx_supported` sizes
+            On CUDA this needs :func:`moe_mx_supported` sizes
             (V4-Flash and V4-Pro: yes).
         names: how a conversion error names the two scale tensors (after ``where``), e.g.
             the parameter names of the caller's module.
@@ -173,7 +177,7 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
         native = _env.mxfp4_native()
     if native and w13.is_cuda and w13.dim() == w2.dim() == 3:  # (bad shapes: named below)
         hidden_size, inter = w2.shape[1], w13.shape[1] // 2
-        if not _moe_mx_supported(hidden_size, inter):
+        if not moe_mx_supported(hidden_size, inter):
             raise NVFP4InputError(
                 f"{where}: native MXFP4 scales at H={hidden_size}, I={inter} have no kernel "
                 "that reads them at every token tile; prepare with native=False "

@@ -21,6 +21,8 @@
 #   persist   moe_tiles.py --persist: the streamed tile on one EP 8 rank with persistent GEMMs
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
 #             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
+#   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
+#             part failed)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
 # `timeout -s KILL` (a hung kernel must not eat the
 # call); the last lines of each go to stdout, the whole log to $OUT. NVFP4_OPS_COMMIT names

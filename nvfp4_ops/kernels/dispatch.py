@@ -53,30 +53,33 @@ from nvfp4_ops.orders.kperm import KPERM, NATURAL, PAIR
 
 __all__ = [
     "BLOCK_MS",
+    "dense_block_m",
+    "expected_cost",
+    "expected_tiles",
+    "expert_cost",
+    "gemm_supported",
+    "GemmPlan",
     "GROUPED_ROW_WGS",
     "grouped_row_wgs",
-    "MOE_TILE_COST",
-    "GemmPlan",
     "HotPlan",
-    "MOE_HOT_TILE",
-    "MoEPlan",
-    "WeightOrder",
-    "dense_block_m",
-    "expected_tiles",
-    "gemm_supported",
     "local_slots",
-    "moe_block_m",
-    "moe_supported",
     "moe_act_orders",
+    "moe_block_m",
     "moe_hot_class",
+    "MOE_HOT_TILE",
     "moe_mx_supported",
+    "moe_supported",
+    "MOE_TILE_COST",
+    "moe_width_cost",
     "moe_wperm_supported",
+    "MoEPlan",
     "plan_gemm",
     "plan_linear",
     "plan_mlp",
     "plan_moe",
     "plan_of_config",
     "reachable_plans",
+    "WeightOrder",
 ]
 
 
@@ -130,11 +133,9 @@ GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 
 #: grouped WGMMA tiles of more than two row warpgroups: ``block_m -> (row_wgs, from K)``
 #: (others, and smaller K, take two). A 128-row tile holds one CTA per SM (its accumulators
 #: need ``setmaxnreg``), so four row warpgroups double the decoding warps per SM and halve the
-#: activation reads per weight: the whole MoE op 0.78-0.87x the time of two at the same tile,
-#: bitwise the same outputs. A 64-row tile has two CTAs per SM already; four warpgroups (one
-#: CTA) paid per GEMM at K = 7168 and 3072 (V4-Pro, 0.94-0.98x each, both 0.91-0.94x), not
-#: at 4096 (1.00-1.01x) and lost at 2048 (1.03-1.04x) (DESIGN.md section 8, "Row warpgroups
-#: of the grouped tiles")
+#: activation reads per weight. A 64-row tile has two CTAs per SM already, and four
+#: warpgroups (one CTA) paid only with the longer reductions (the measurements: DESIGN.md
+#: section 8, "Row warpgroups of the grouped tiles")
 GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach

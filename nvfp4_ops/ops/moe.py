@@ -149,7 +149,7 @@ def moe(
             ``float8_e8m0fnu [E, 2I, H/32]`` / ``[E, H, I/32]``, one UE8M0 scale per 32 k
             in the kernels' form (bytes in ``[9, 135]``, with per-row global scales:
             :func:`nvfp4_ops.mxfp4_kernel_scales`), read by the GPU kernels as they are
-            (:func:`nvfp4_ops.kernels.dispatch.moe_mx_supported`; V4-Flash and V4-Pro:
+            (:func:`nvfp4_ops.prepare.moe_mx_supported`; V4-Flash and V4-Pro:
             yes). The codes are the same.
         expert_start: the first global id this rank owns, ``>= 0``.
         global_num_experts: total experts over all ranks, ``>= expert_start + E``; -1 when
@@ -165,7 +165,7 @@ def moe(
         wperm: ``w13`` and ``w2`` hold their codes in the ``wperm`` bit order
             (:func:`nvfp4_ops.to_wperm_`, prepared once at load time), which the GPU kernels
             decode with fewer instructions; on CUDA this needs
-            :func:`nvfp4_ops.kernels.dispatch.moe_wperm_supported` (V4-Flash and V4-Pro: yes).
+            :func:`nvfp4_ops.prepare.moe_wperm_supported` (V4-Flash and V4-Pro: yes).
 
     Returns:
         ``bf16 [T, H]``; a token with no local expert gets exactly 0.

@@ -75,11 +75,17 @@ from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 from nvfp4_ops.orders.kperm import NATURAL, layout_block
 
 __all__ = [
+    "FUSED_MAX_SLOTS",
+    "MAX_EXPERTS",
+    "HotClass",
     "MoERouting",
     "gather_launch",
     "gather_rows",
+    "hot_experts_bound",
+    "hot_region_rows",
     "moe_routing",
     "padded_rows",
+    "routing_buffers",
     "routing_launch",
 ]
 
