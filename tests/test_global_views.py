@@ -121,7 +121,8 @@ def recorded(monkeypatch):
     calls = []
 
     def fake_compiled(cfg):
-        def fn(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, limit):
+        def fn(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale, bias, counters,
+               scratch, limit):
             calls.append((cfg, w_global))
             out.zero_()
 
@@ -353,7 +354,7 @@ def test_grouped_gemm_accepts_every_global_form(epilogue):
 @pytest.mark.parametrize("epilogue", ["swiglu", "row_scale"])
 def test_unchecked_launch_passes_what_the_checked_one_does(monkeypatch, epilogue):
     """``run_gemm(check=False)`` (the ops' path, arguments already in the binaries' form)
-    hands the binary the same ten arguments as the checked path builds from the plain ones."""
+    hands the binary the same twelve arguments as the checked path builds from the plain ones."""
     plan = _grouped_plan(epilogue)
     calls = []
     monkeypatch.setattr(linear_cuda, "compiled",
@@ -376,7 +377,7 @@ def test_unchecked_launch_passes_what_the_checked_one_does(monkeypatch, epilogue
     linear_cuda.run_gemm(plan, a, *weights[:2], gv, out, **kw)
     linear_cuda.run_gemm(plan, a, w3, s3, gv, out, check=False, **kw)
     checked, unchecked = calls
-    assert len(checked) == len(unchecked) == 10
+    assert len(checked) == len(unchecked) == 12
     for x, y in zip(checked, unchecked, strict=True):
         if isinstance(x, torch.Tensor):
             assert (x.data_ptr(), x.shape, x.stride(), x.dtype) == (

@@ -81,6 +81,39 @@ def test_wgmma_streamk_config_compiles_and_errors():
     assert W.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1, wfrag=True).stage_k == 64
 
 
+def test_streamk_workspace_travels_in_its_own_operands(monkeypatch):
+    """``run_gemm`` hands a stream-K plan's counters and scratch to the binary as its own
+    ``counters`` / ``scratch`` operands (int32, fp32); the tile operands get one-element
+    dummies, and a plan without stream-K gets dummies there instead (CPU: the binary is
+    replaced by a recorder of its arguments)."""
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import linear_cuda as L
+    from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
+
+    calls = []
+    monkeypatch.setattr(L, "compiled", lambda cfg: lambda *args: calls.append(args))
+    n, k, m = 7168, 18432, 16
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    w = torch.zeros(n, k // 2, dtype=torch.uint8)
+    ws = torch.full((n, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    gv = L.per_group_global_view(torch.ones(()), n)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    plan = plan_linear(n, k, m, order=WeightOrder.WFRAG)
+    assert plan.streamk
+    counters = torch.zeros(plan.config.streamk_units(m)[0], dtype=torch.int32)
+    scratch = torch.empty(4 * 2 * plan.config.partial_len, dtype=torch.float32)
+    L.run_gemm(plan, x, w, ws, gv, out, workspace=L.StreamKWorkspace(counters, scratch))
+    plain = plan_linear(n, k, m)
+    assert not plain.streamk
+    L.run_gemm(plain, x, w, ws, gv, out)
+    streamk_args, plain_args = calls
+    assert len(streamk_args) == len(plain_args) == 12
+    assert streamk_args[9] is counters and streamk_args[10] is scratch
+    assert streamk_args[5].numel() == streamk_args[6].numel() == 1
+    assert plain_args[9].numel() == plain_args[10].numel() == 1
+    assert (plain_args[9].dtype, plain_args[10].dtype) == (torch.int32, torch.float32)
+
+
 def _wgmma_pair(n, k, m, bm, r, st, sk, bias, extra=None):
     """Plans of (the one-tile-per-CTA 64-k-stage tile, the stream-K one with ``extra``
     fields) on prepared weights."""
