@@ -192,7 +192,7 @@ def test_moe_plan_is_asked_once_and_consistent():
     with pytest.raises(ValueError, match="not wfrag"):
         D.plan_moe(3, 6, 64, 4096, 2048, order=W.WFRAG)
     wp = D.plan_moe(8, 6, 256, 4096, 2048, order=W.WPERM)
-    assert wp.gate_up.config.wperm and wp.down.config.wperm
+    assert wp.gate_up.config.order is W.WPERM and wp.down.config.order is W.WPERM
     assert D.moe_wperm_supported(4096, 2048) and D.moe_wperm_supported(7168, 3072)
     assert not D.moe_wperm_supported(256, 128)
 

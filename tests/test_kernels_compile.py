@@ -39,11 +39,11 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     sib = [p for p in grouped if getattr(p.config, "sibling", False)]
     assert len(sib) == siblings and {p.block_m for p in sib} == {16, 32, 64, 128}
     assert sum(p.weight_order is dispatch.WeightOrder.WPERM for p in grouped) == len(grouped) // 2
-    assert not any(getattr(p.config, "wfrag", False) for p in grouped)
+    assert not any(p.config.order.fragment_order for p in grouped)
     dense = [p for p in PLANS if not p.config.grouped]
     assert sum(p.weight_order is dispatch.WeightOrder.WFRAG for p in dense) == len(dense) // 2
     assert len(dense) // 2 == dense_plain
-    assert all(p.config.wperm == p.config.wfrag for p in dense)
+    assert all(p.config.order is not dispatch.WeightOrder.WPERM for p in dense)
     assert {p.act_order for p in dense} == {"natural"}
     assert {p.act_order for p in grouped if p.block_m == 8} == {"pair"}
     assert {p.act_order for p in grouped if p.block_m > 8} == {"kperm"}

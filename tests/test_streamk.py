@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from nvfp4_ops.orders import WeightOrder
+
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
@@ -65,20 +67,22 @@ WGMMA_CASES = [(18432, 7168, 128, 128, 3, 4, 1), (7168, 18432, 128, 128, 2, 4, 1
 def test_wgmma_streamk_config_compiles_and_errors():
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
 
-    cfg = W.WgmmaConfig(18432, 7168, "none", False, False, 128, 3, 1, 4, wfrag=True,
-                        wperm=True, streamk=1)
+    cfg = W.WgmmaConfig(18432, 7168, "none", False, False, 128, 3, 1, 4,
+                        order=WeightOrder.WFRAG, streamk=1)
     assert cfg.stage_k == 128 and cfg.name.endswith("_wp_wf_sk1_sm_90a")
     assert cfg.partial_len == 3 * 64 * 128
     assert cfg.streamk_units(199) == (96 * 2, 96 * 2 * 56)
     assert callable(W.compile_gemm(cfg))
-    for kw in (dict(split_k=2), dict(epilogue="swiglu"), dict(wfrag=False, wperm=False)):
+    for kw in (dict(split_k=2), dict(epilogue="swiglu"), dict(order=WeightOrder.CHECKPOINT)):
         with pytest.raises(ValueError, match="streamk is for dense 'none' problems"):
-            W.WgmmaConfig(**{**dict(n=4096, k=4096, block_m=128, row_wgs=1, wfrag=True,
+            W.WgmmaConfig(**{**dict(n=4096, k=4096, block_m=128, row_wgs=1,
+                                    order=WeightOrder.WFRAG,
                                     streamk=1), **kw})
     with pytest.raises(ValueError, match="streamk must be >= 0"):
         W.WgmmaConfig(4096, 4096, "none", False, False, 128, 1, 1, streamk=-2)
     # stream-K runs 128-k stages, and only it does
-    assert W.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1, wfrag=True).stage_k == 64
+    assert W.WgmmaConfig(4096, 4096, "none", block_m=128, row_wgs=1,
+                         order=WeightOrder.WFRAG).stage_k == 64
 
 
 def test_streamk_workspace_travels_in_its_own_operands(monkeypatch):
@@ -120,9 +124,9 @@ def _wgmma_pair(n, k, m, bm, r, st, sk, bias, extra=None):
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
     from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
 
-    base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, 6, wfrag=True, wperm=True)
+    base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, 6, order=WeightOrder.WFRAG)
     sk_cfg = dataclasses.replace(base, stages=st, streamk=sk, **(extra or {}))
-    return tuple(GemmPlan("wgmma", c, "natural", WeightOrder.WFRAG) for c in (base, sk_cfg))
+    return tuple(GemmPlan("wgmma", c, "natural") for c in (base, sk_cfg))
 
 
 @pytest.mark.gpu
@@ -203,7 +207,7 @@ def test_fixup_is_one_acquire_release_atomic(tmp_path):
     from nvfp4_ops.kernels.cute import w4a16_wgmma as W
     from nvfp4_ops.testing import kernel_ptx
 
-    cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, wfrag=True, wperm=True,
+    cfg = W.WgmmaConfig(18432, 7168, "none", True, False, 16, 1, 1, 4, order=WeightOrder.WFRAG,
                         streamk=3)
     text = kernel_ptx(cfg, tmp_path / "fixup")
     assert text.count("atom.acq_rel.gpu") == 1 and "fence.acq_rel.gpu" not in text

@@ -101,35 +101,39 @@ def _family_configs():
 
 @pytest.mark.parametrize("family", ["stream", "mma.sync", "wgmma"])
 def test_wfrag_kernels_compile(family, tmp_path):
-    """Each dense family compiles with ``wfrag`` and with ``wfrag`` + ``wperm`` for sm_90a,
-    with the same MMAs as the checkpoint-order build, two scales per decoded word and (streamed
-    and ``mma.sync``: the activation pairs need no ``prmt`` any more) fewer ``prmt``."""
+    """Each dense family compiles on WFRAG weights (fragment order + ``wperm`` bits) for
+    sm_90a, with the same MMAs as the checkpoint-order build, two scales per decoded word and
+    (streamed and ``mma.sync``: the activation pairs need no ``prmt`` any more) fewer
+    ``prmt``."""
     pytest.importorskip("cutlass")
+    from nvfp4_ops.orders import WeightOrder
+
     base, mma = _family_configs()[family]
     counts = {}
-    for name, repl in (("natural", {}), ("wf", {"wfrag": True}),
-                       ("wpwf", {"wfrag": True, "wperm": True})):
-        cfg = dataclasses.replace(base, **repl)
-        assert ("_wf_" in cfg.name) == (name != "natural")
+    for name, order in (("natural", WeightOrder.CHECKPOINT), ("wpwf", WeightOrder.WFRAG)):
+        cfg = dataclasses.replace(base, order=order)
+        assert ("_wp_wf_" in cfg.name) == (name != "natural")
         text = kernel_ptx(cfg, tmp_path / name)
         counts[name] = {op: text.count(op) for op in (mma, "prmt.b32", "mul.rn.bf16x2")}
-    assert counts["wf"][mma] == counts["wpwf"][mma] == counts["natural"][mma] > 0
-    assert counts["wf"]["mul.rn.bf16x2"] == counts["wpwf"]["mul.rn.bf16x2"] > 0
+    assert counts["wpwf"][mma] == counts["natural"][mma] > 0
+    assert counts["wpwf"]["mul.rn.bf16x2"] > 0
     if family != "wgmma":
-        assert counts["wf"]["prmt.b32"] < counts["natural"]["prmt.b32"]
+        assert counts["wpwf"]["prmt.b32"] < counts["natural"]["prmt.b32"]
 
 
 def test_wfrag_config_errors():
     pytest.importorskip("cutlass")
+    from nvfp4_ops.orders import WeightOrder
+
     g = _plan(7168, 18432, 16)
-    with pytest.raises(ValueError, match="wperm needs wfrag"):
-        dataclasses.replace(g, wperm=True)
+    with pytest.raises(ValueError, match="WPERM order is read by mma.sync only"):
+        dataclasses.replace(g, order=WeightOrder.WPERM)
     s = _plan(4096, 4096, 8, "swiglu", grouped=True, kperm=True)
     with pytest.raises(ValueError, match="excludes"):
-        dataclasses.replace(s, wfrag=True)
+        dataclasses.replace(s, order=WeightOrder.WFRAG)
     wg = _plan(4096, 4096, 16, "swiglu", grouped=True, kperm=True)
     with pytest.raises(ValueError, match="excludes"):
-        dataclasses.replace(wg, wfrag=True)
+        dataclasses.replace(wg, order=WeightOrder.WFRAG)
 
 
 # --- GPU: each family on wfrag weights vs the checkpoint-order kernel --------------------
@@ -152,9 +156,11 @@ def _base_config(family: str, n: int, k: int, m: int):
     return plan_linear(n, k, m).config
 
 
-def _triple(base):
-    return (base, dataclasses.replace(base, wfrag=True),
-            dataclasses.replace(base, wfrag=True, wperm=True))
+def _pair(base):
+    """``base`` (checkpoint order) and the same config on WFRAG weights."""
+    from nvfp4_ops.orders import WeightOrder
+
+    return base, dataclasses.replace(base, order=WeightOrder.WFRAG)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +174,7 @@ def compiled_cases():
 
     if _compile.cache_dir() is not None:
         compile_configs([c for fam, m in CASES for n, k in NKS
-                         for c in _triple(_base_config(fam, n, k, m))],
+                         for c in _pair(_base_config(fam, n, k, m))],
                         max(1, min(8, (os.cpu_count() or 2) // 2)), "test precompile")
 
 
@@ -176,10 +182,9 @@ def compiled_cases():
 @pytest.mark.parametrize("nk", NKS)
 @pytest.mark.parametrize("family,m", CASES)
 def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
-    """Same config with ``wfrag`` (and ``wfrag`` + ``wperm``) on the permuted weights vs the
-    checkpoint-order kernel: within fp32-order noise of each other (max abs diff <= 1e-2 of the
-    output's max), every row written (NaN-poisoned outputs); ``wperm`` bitwise equal to
-    ``wfrag`` alone (the same registers)."""
+    """Same config on WFRAG weights (fragment order + ``wperm`` bits) vs the checkpoint-order
+    kernel: within fp32-order noise of each other (max abs diff <= 1e-2 of the output's max),
+    every row written (NaN-poisoned outputs)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from nvfp4_ops.kernels import linear_cuda as L
@@ -195,17 +200,15 @@ def test_wfrag_matches_checkpoint_order_on_gpu(family, m, nk, compiled_cases):
     gv = L.per_row_global_view(wg, n)
     base = _base_config(family, n, k, m)
     assert _family(base) == {"stream": "stream", "mma.sync": "mma"}.get(family, "wgmma")
-    w_f = F.to_wfrag(w)
-    w_fp = W.to_wperm(w_f)
+    w_fp = W.to_wperm(F.to_wfrag(w))
     outs = []
-    for cfg, wt in zip(_triple(base), (w, w_f, w_fp), strict=True):
+    for cfg, wt in zip(_pair(base), (w, w_fp), strict=True):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         L.run_gemm(plan_of_config(cfg), x, wt, ws, gv, out)
         outs.append(out)
-    ref, got, got_wp = (o.float() for o in outs)
-    assert torch.isfinite(got).all() and torch.isfinite(got_wp).all()
+    ref, got = (o.float() for o in outs)
+    assert torch.isfinite(got).all()
     assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()
-    assert torch.equal(got, got_wp)
 
 
 @pytest.mark.gpu
@@ -296,11 +299,11 @@ def test_dense_variants_include_the_prepared_order():
 
     variants = [p.config for p in _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash"]))]
     dense = [c for c in variants if not c.grouped]
-    plain = {c.name for c in dense if not getattr(c, "wfrag", False)}
-    twins = {c.name for c in dense if getattr(c, "wfrag", False)}
+    plain = {c.name for c in dense if not c.order.fragment_order}
+    twins = {c.name for c in dense if c.order.fragment_order}
     assert plain and len(twins) == len(plain)
-    assert all(getattr(c, "wperm", False) for c in dense if getattr(c, "wfrag", False))
-    assert not any(getattr(c, "wfrag", False) for c in variants if c.grouped)
+    assert all(c.order.wperm_bits for c in dense if c.order.fragment_order)
+    assert not any(c.order.fragment_order for c in variants if c.grouped)
 
 
 @pytest.mark.gpu
@@ -357,7 +360,7 @@ def test_wfrag_dispatch_stream_tma2d():
                         ((18432, 7168), False), ((4096, 4096), False), ((2128, 4096), False):
         for bias in (False, True):
             cfg = _plan(n, k, 8, has_bias=bias, m_tiles=1, wfrag=True)
-            assert _family(cfg) == "stream" and cfg.wfrag and cfg.wperm
+            assert _family(cfg) == "stream" and cfg.order.fragment_order
             assert cfg.tma2d == want, (n, k, bias)
         assert not _plan(n, k, 8, m_tiles=1).tma2d
     assert not _plan(7168, 18432, 8, "swiglu", m_tiles=1, wfrag=True).tma2d
@@ -374,7 +377,7 @@ def test_wfrag_dispatch_small_tiles_by_width():
     from nvfp4_ops.kernels.dispatch import WeightOrder, plan_linear
 
     def tile(cfg):
-        assert type(cfg).__name__ == "WgmmaConfig" and cfg.wfrag and cfg.wperm
+        assert type(cfg).__name__ == "WgmmaConfig" and cfg.order.fragment_order
         return cfg.block_m, cfg.row_wgs, cfg.split_k, cfg.stages, cfg.streamk, cfg.stage_k
 
     for bm in (16, 32):
@@ -389,7 +392,7 @@ def test_wfrag_dispatch_small_tiles_by_width():
                             ((18432, 1024, bm, "none", True), True),
                             ((18432, 7168, bm, "none", False), False)):
             cfg = _plan(*args[:3], has_bias=args[4], m_tiles=1, wfrag=wfrag)
-            assert type(cfg).__name__ == "GemmConfig" and cfg.wfrag == wfrag
+            assert type(cfg).__name__ == "GemmConfig" and cfg.order.fragment_order == wfrag
     for n, k in ((18432, 7168), (7168, 18432)):
         for m_tiles in (1, 2):
             cfg = _plan(n, k, 128, m_tiles=m_tiles, wfrag=True)

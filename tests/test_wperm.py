@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from nvfp4_ops.orders import WeightOrder
 from nvfp4_ops.orders import wperm as W
 from nvfp4_ops.testing import kernel_ptx
 
@@ -85,7 +86,7 @@ def test_wperm_kernels_compile(family, tmp_path):
         mma = "wgmma.mma_async"
     counts = {}
     for wp in (False, True):
-        cfg = dataclasses.replace(base, wperm=wp)
+        cfg = dataclasses.replace(base, order=WeightOrder.WPERM if wp else WeightOrder.CHECKPOINT)
         assert cfg.name.endswith("_wp_sm_90a") == wp
         text = kernel_ptx(cfg, tmp_path / str(wp))
         counts[wp] = {op: text.count(op) for op in
@@ -108,8 +109,8 @@ def test_wgmma_wperm_needs_kperm():
     from nvfp4_ops.kernels.dispatch import plan_gemm
 
     base = plan_gemm(4096, 4096, 16, epilogue="swiglu", grouped=True).config
-    with pytest.raises(ValueError, match="wperm needs kperm"):
-        dataclasses.replace(base, wperm=True)
+    with pytest.raises(ValueError, match="WPERM order needs kperm"):
+        dataclasses.replace(base, order=WeightOrder.WPERM)
 
 
 # --- the prepared layout through the ops -------------------------------------------------
@@ -170,8 +171,9 @@ def test_wperm_dispatch():
     moe = dict(epilogue="swiglu", grouped=True, m_tiles=4, permuted=True, chained=True)
     for bm in (8, 16, 128):
         cfg = plan_gemm(4096, 4096, bm, order=WeightOrder.WPERM, **moe).config
-        assert cfg.wperm and cfg.name.endswith("_wp_sm_90a")
-        assert cfg == dataclasses.replace(plan_gemm(4096, 4096, bm, **moe).config, wperm=True)
+        assert cfg.order is WeightOrder.WPERM and cfg.name.endswith("_wp_sm_90a")
+        assert cfg == dataclasses.replace(plan_gemm(4096, 4096, bm, **moe).config,
+                                          order=WeightOrder.WPERM)
     for bm in (16, 128):  # dense mma.sync (16) and WGMMA without kperm (128)
         with pytest.raises(ValueError, match="no kernel reads wperm"):
             plan_gemm(4096, 4096, bm, m_tiles=1, order=WeightOrder.WPERM)

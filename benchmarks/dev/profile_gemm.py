@@ -80,9 +80,10 @@ def run_tile(n: int, k: int, m: int, block_m: int, row_wgs: int, stages: int,
     from nvfp4_ops.kernels import linear_cuda
     from nvfp4_ops.kernels.cute.w4a16_wgmma import WgmmaConfig
     from nvfp4_ops.kernels.dispatch import plan_of_config
+    from nvfp4_ops.orders import WeightOrder
 
-    cfg = WgmmaConfig(n, k, "none", False, False, block_m, row_wgs, 1, stages, wfrag=True,
-                      wperm=True, streamk=streamk, **extra)
+    cfg = WgmmaConfig(n, k, "none", False, False, block_m, row_wgs, 1, stages,
+                      order=WeightOrder.WFRAG, streamk=streamk, **extra)
     print(cfg.name, flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     w, s, g = random_weights(1, n, k, gen)

@@ -41,7 +41,6 @@ plans (and compiles) need no GPU; on a part with fewer SMs they are only less tu
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import math
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from typing import Any
 
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, padded_rows
+from nvfp4_ops.orders import WeightOrder
 from nvfp4_ops.orders.kperm import KPERM, NATURAL, PAIR
 
 __all__ = [
@@ -81,29 +81,6 @@ __all__ = [
     "reachable_plans",
     "WeightOrder",
 ]
-
-
-class WeightOrder(enum.Enum):
-    """How a weight tensor's FP4 codes are stored (the scales never move).
-
-    * ``CHECKPOINT``: as in the checkpoint (low nibble = even k).
-    * ``WPERM``: the 32 bits of every u32 word permuted (:mod:`nvfp4_ops.orders.wperm`), a
-      cheaper decode; read by the kernels with a permuted activation order (the MoE's).
-    * ``WFRAG``: MMA-fragment order inside every 32-k block, then the ``wperm`` bits
-      (:mod:`nvfp4_ops.orders.wfrag`); read by every dense family with natural activations.
-    """
-
-    CHECKPOINT = "checkpoint"
-    WPERM = "wperm"
-    WFRAG = "wfrag"
-
-    @property
-    def wperm_bits(self) -> bool:
-        return self is not WeightOrder.CHECKPOINT
-
-    @property
-    def fragment_order(self) -> bool:
-        return self is WeightOrder.WFRAG
 
 
 #: every token tile some family serves (dense and grouped; the MoE routing pads to one of these)
@@ -174,13 +151,17 @@ TMA2D_MIN_CHUNKS = 16
 @dataclass(frozen=True)
 class GemmPlan:
     """What one W4A16 GEMM launch runs: its kernel ``family`` (``stream``, ``mma``,
-    ``wgmma``), the family's frozen ``config`` (the compile key), the activation order the
-    kernel reads (``act_order``: ``natural``, ``pair`` or ``kperm``) and the weights' order."""
+    ``wgmma``), the family's frozen ``config`` (the compile key) and the activation order the
+    kernel reads (``act_order``: ``natural``, ``pair`` or ``kperm``)."""
 
     family: str
     config: Any
     act_order: str
-    weight_order: WeightOrder
+
+    @property
+    def weight_order(self) -> WeightOrder:
+        """How the weights' codes are stored: the config's ``order``."""
+        return self.config.order
 
     @property
     def block_m(self) -> int:
@@ -601,7 +582,6 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
             fields = _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family)
         if fields is not None:
             family = _WGMMA
-        flags["wfrag"] = True
     if fields is None:
         if family == _STREAM:
             fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx)
@@ -627,24 +607,18 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         if not (family == _STREAM or wfrag or permuted):
             raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
                              f"block_m={block_m}, grouped={grouped}, permuted={permuted}")
-        flags["wperm"] = True
-    config = _CONFIGS[family](n, k, epilogue, has_bias, grouped, block_m, **fields, **flags)
-    return GemmPlan(family, config, act_order, order)
+    config = _CONFIGS[family](n, k, epilogue, has_bias, grouped, block_m, **fields, **flags,
+                              order=order)
+    return GemmPlan(family, config, act_order)
 
 
 def plan_of_config(config) -> GemmPlan:
-    """The plan that launches exactly ``config`` (its family from its class, its activation and
-    weight orders from its flags): for tools and tests that run a config the policy would not
-    pick. Chooses nothing."""
+    """The plan that launches exactly ``config`` (its family from its class, its activation
+    order from its flags, its weight order its own): for tools and tests that run a config the
+    policy would not pick. Chooses nothing."""
     family = next(f for f, cls in _CONFIGS.items() if isinstance(config, cls))
     act_order = _PERMUTED_ORDER[family] if getattr(config, "kperm", False) else NATURAL
-    if getattr(config, "wfrag", False):
-        order = WeightOrder.WFRAG
-    elif getattr(config, "wperm", False):
-        order = WeightOrder.WPERM
-    else:
-        order = WeightOrder.CHECKPOINT
-    return GemmPlan(family, config, act_order, order)
+    return GemmPlan(family, config, act_order)
 
 
 def _dense_m_tiles(num_rows: int, block_m: int) -> int:

@@ -76,6 +76,14 @@ class GemmProblem:
         return 32 if getattr(self, "mx", False) else 16
 
     @property
+    def order_tag(self) -> str:
+        """The config name's part for the family's ``order`` field (a
+        :class:`~nvfp4_ops.orders.WeightOrder`): ``_wp`` for the ``wperm`` bits, ``_wp_wf`` for
+        the fragment order with them, empty for the checkpoint order."""
+        order = self.order
+        return ("_wp" if order.wperm_bits else "") + ("_wf" if order.fragment_order else "")
+
+    @property
     def name_head(self) -> str:
         """The config name up to the family's tile fields."""
         return (f"{self.PREFIX}_n{self.n}_k{self.k}_{self.epilogue}"

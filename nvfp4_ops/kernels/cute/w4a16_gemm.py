@@ -94,6 +94,7 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     compile_from_fakes,
     epilogue_value,
 )
+from nvfp4_ops.orders import WeightOrder
 
 __all__ = ["EPILOGUES", "BLOCK_MS", "GemmConfig", "W4A16GroupedGemm", "compile_gemm",
            "supported"]
@@ -121,13 +122,11 @@ class GemmConfig(GemmProblem):
     warps_n: int = 1
     warps_k: int = 8
     row_groups: int = 1
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
-    #: (natural activations): ``pair4`` registers, register ``j`` of word ``i`` (block scale
-    #: ``j // 2``) against element ``i`` of the block's ``j``-th activation load
-    wfrag: bool = False
-    #: the weight codes are (also) in the ``wperm`` bit order of :mod:`nvfp4_ops.orders.wperm`
-    #: (``wfrag`` only: the ``pair4`` path)
-    wperm: bool = False
+    #: how the weight codes are stored: CHECKPOINT, or WFRAG (the fragment order of
+    #: :mod:`nvfp4_ops.orders.wfrag`, natural activations: ``pair4`` registers, register ``j``
+    #: of word ``i`` (block scale ``j // 2``) against element ``i`` of the block's ``j``-th
+    #: activation load, with the ``wperm`` bits)
+    order: WeightOrder = WeightOrder.CHECKPOINT
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -138,8 +137,9 @@ class GemmConfig(GemmProblem):
             raise ValueError(f"K={self.k} must be a multiple of {128 * self.warps_k}")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
-        if self.wperm and not self.wfrag:
-            raise ValueError("wperm needs wfrag (only the pair4 decode path reads it)")
+        if self.order is WeightOrder.WPERM:
+            raise ValueError("the WPERM order is read by mma.sync only in the fragment order "
+                             "(WFRAG): its checkpoint-order path has no pair4 decode")
 
     @property
     def rows_per_cta(self) -> int:
@@ -151,7 +151,7 @@ class GemmConfig(GemmProblem):
         return (
             f"{self.name_head}_wn{self.warps_n}"
             f"_wk{self.warps_k}_rg{self.row_groups}"
-            f"{'_wp' if self.wperm else ''}{'_wf' if self.wfrag else ''}_{self.arch}"
+            f"{self.order_tag}_{self.arch}"
         )
 
 
@@ -322,15 +322,15 @@ class W4A16GroupedGemm(DirectLaunch):
         # block scale r // 2); wfrag takes register r of all four words (word i: natural k pair
         # 8r + 2i + {0, 1}, block scale r // 2, as in w4a16_stream.mma_step). Either way
         # the round meets the block's r-th 16-byte activation load.
-        if const_expr(cfg.wfrag):
-            decode_reg = decode_reg_wperm if cfg.wperm else decode_reg_pair4
+        if const_expr(cfg.order.fragment_order):
+            decode_reg = decode_reg_wperm if cfg.order.wperm_bits else decode_reg_pair4
         else:
             decode_word = decode_word_shift
         for r in range(4):
             dec = []
             for q2 in range(nr):
                 words = [wbuf[(slot * nr + q2) * 4 + i] for i in range(4)]
-                if const_expr(cfg.wfrag):
+                if const_expr(cfg.order.fragment_order):
                     dec.append([decode_reg(words[i], r, scl[q2][r // 2]) for i in range(4)])
                 else:
                     dec.append(decode_word(words[r], scl[q2][r // 2]))

@@ -155,6 +155,7 @@ from nvfp4_ops.kernels.cute.ptx import (
     mbar_wait,
     pair_halves,
 )
+from nvfp4_ops.orders import WeightOrder
 
 __all__ = [
     "BLOCK_MS",
@@ -209,14 +210,13 @@ class StreamConfig(GemmProblem):
     #: programmatic dependent launch, the producer streaming weights before the previous
     #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
     pdl: bool = False
-    #: the weight codes are in the ``wperm`` bit order of
-    #: :mod:`nvfp4_ops.orders.wperm` (a cheaper decode, bitwise the same MMAs)
-    wperm: bool = False
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
-    #: and the activations natural: word ``i``'s register ``j`` meets the activation u32
-    #: ``4 j + i`` of the lane's 32-k block (element ``i`` of the block's ``j``-th 16-byte
-    #: load), so the B fragments are loaded words, no ``prmt`` (:meth:`mma_step`)
-    wfrag: bool = False
+    #: how the weight codes are stored: CHECKPOINT; WPERM (the ``wperm`` bit order of
+    #: :mod:`nvfp4_ops.orders.wperm`: a cheaper decode, bitwise the same MMAs); or WFRAG (the
+    #: fragment order of :mod:`nvfp4_ops.orders.wfrag` with those bits, natural activations:
+    #: word ``i``'s register ``j`` meets the activation u32 ``4 j + i`` of the lane's 32-k
+    #: block, element ``i`` of the block's ``j``-th 16-byte load, so the B fragments are loaded
+    #: words, no ``prmt``: :meth:`mma_step`)
+    order: WeightOrder = WeightOrder.CHECKPOINT
     #: the producer fills a stage with two TMA tensor copies (all the CTA's codes, all its
     #: scales) instead of two bulk copies per weight row, into a layout grouped by 64-byte
     #: column (one consumer step): :attr:`StreamConfig.tma2d` in the module docstring's
@@ -232,7 +232,7 @@ class StreamConfig(GemmProblem):
         self.check_problem()
         if self.kperm and not self.grouped:
             raise ValueError("kperm (pair-order activations) is for grouped problems only")
-        if self.wfrag and self.kperm:
+        if self.order.fragment_order and self.kperm:
             raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
                              "kperm (pair-order activations)")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
@@ -324,8 +324,7 @@ class StreamConfig(GemmProblem):
             f"{self.name_head}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.kperm else ''}"
-            f"{'_pdl' if self.pdl else ''}{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{'_t2' if self.tma2d else ''}"
+            f"{'_pdl' if self.pdl else ''}{self.order_tag}{'_t2' if self.tma2d else ''}"
             f"{'_mx' if self.mx else ''}_{self.arch}"
         )
 
@@ -711,20 +710,20 @@ class W4A16StreamGemm(DirectLaunch):
         # nothing with ``kperm`` activations). ``wfrag`` takes register r of all four words
         # (word i: natural k pair 8r + 2i + {0, 1} of the 32-k block, block scale r // 2): the
         # MMAs take words (0, 1) and (2, 3) as their two k slots against the natural load r.
-        if const_expr(self.cfg.wfrag):
-            decode_reg = decode_reg_wperm if self.cfg.wperm else decode_reg_pair4
+        if const_expr(self.cfg.order.fragment_order):
+            decode_reg = decode_reg_wperm if self.cfg.order.wperm_bits else decode_reg_pair4
         else:
-            decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
+            decode = decode_word_wperm if self.cfg.order.wperm_bits else decode_word_pair4
         for r in range(4):
             dec = []
             for q2 in range(nr):
-                if const_expr(self.cfg.wfrag):
+                if const_expr(self.cfg.order.fragment_order):
                     dec.append([decode_reg(wv[q2][i], r, scl[q2][r // 2]) for i in range(4)])
                 else:
                     dec.append(decode(wv[q2][r], scl[q2][r // 2]))
             for t in range(self.num_tiles):
                 xv = ld_v4_at(x_addr[t], r * 16)
-                if self.cfg.wfrag or self.cfg.kperm:
+                if self.cfg.order.fragment_order or self.cfg.kperm:
                     # wfrag: natural pairs; pair order: word j holds k (p+j, p+j+4) already
                     b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
                 else:

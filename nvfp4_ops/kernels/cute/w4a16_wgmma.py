@@ -160,6 +160,7 @@ from nvfp4_ops.kernels.cute.ptx import (
     shfl_quad_from,
 )
 from nvfp4_ops.kernels.cute.streamk import StreamKTiles
+from nvfp4_ops.orders import WeightOrder
 
 __all__ = [
     "BLOCK_K",
@@ -225,13 +226,12 @@ class WgmmaConfig(GemmProblem):
     #: ``moe_cuda``, "Two token tiles"). So no thread waits before working; CTA 0 waits at
     #: its end, so the grid still completes only after the previous one
     sibling: bool = False
-    #: the weight codes are in the ``wperm`` bit order of
-    #: :mod:`nvfp4_ops.orders.wperm` (``kperm`` or ``wfrag`` only: the ``pair4`` paths)
-    wperm: bool = False
-    #: the weight codes are in the fragment order of :mod:`nvfp4_ops.orders.wfrag`
-    #: and the activations natural: each lane decodes its own u32 word per row and 32 k with
-    #: ``pair4`` and the block's two scales (no byte gathering, no permuted activations)
-    wfrag: bool = False
+    #: how the weight codes are stored: CHECKPOINT; WPERM (the ``wperm`` bit order of
+    #: :mod:`nvfp4_ops.orders.wperm`, ``kperm`` tiles only: the ``pair4`` path); or WFRAG (the
+    #: fragment order of :mod:`nvfp4_ops.orders.wfrag` with those bits, natural activations:
+    #: each lane decodes its own u32 word per row and 32 k with ``pair4`` and the block's two
+    #: scales, no byte gathering, no permuted activations)
+    order: WeightOrder = WeightOrder.CHECKPOINT
     #: stream-K (dense ``none`` ``wfrag`` problems, ``split_k = 1``, 128-k stages): ``streamk``
     #: CTAs per SM split the (output tile, stage) units evenly
     #: (:mod:`nvfp4_ops.kernels.cute.streamk`; 0 = one CTA per output tile)
@@ -268,9 +268,9 @@ class WgmmaConfig(GemmProblem):
                 and (self.block_m, self.row_wgs, self.split_k) not in verified):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
                              "validated on a GPU (w4a16_wgmma.VERIFIED_MULTI, VERIFIED_GROUPED)")
-        if self.wperm and not (self.kperm or self.wfrag):
-            raise ValueError("wperm needs kperm or wfrag (only the pair4 decode paths read it)")
-        if self.wfrag and self.kperm:
+        if self.order is WeightOrder.WPERM and not self.kperm:
+            raise ValueError("the WPERM order needs kperm (only the pair4 decode paths read it)")
+        if self.order.fragment_order and self.kperm:
             raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
                              "kperm (permuted activations)")
         if self.k % (BLOCK_K * self.split_k) != 0:
@@ -292,7 +292,7 @@ class WgmmaConfig(GemmProblem):
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
-                             or self.kperm or not self.wfrag or self.k % 128):
+                             or self.kperm or not self.order.fragment_order or self.k % 128):
             raise ValueError("streamk is for dense 'none' problems (bias allowed) on wfrag "
                              "weights with split_k=1 and K % 128 == 0")
         if self.scale_ahead and self.stage_k != 128:
@@ -349,8 +349,7 @@ class WgmmaConfig(GemmProblem):
             f"{self.name_head}_r{self.row_wgs}"
             f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
             f"{'_pdl' if self.pdl else ''}{'_sib' if self.sibling else ''}"
-            f"{'_wp' if self.wperm else ''}"
-            f"{'_wf' if self.wfrag else ''}{f'_sk{self.streamk}' if self.streamk else ''}"
+            f"{self.order_tag}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'_sa' if self.scale_ahead else ''}{f'_fx{self.flex}' if self.flex else ''}"
             f"{'_mx' if self.mx else ''}_{self.arch}"
         )
@@ -921,7 +920,7 @@ class W4A16WgmmaGemm(StreamKTiles):
             row = 64 * rq + 16 * wq + grp
             off_lo = row * self.box_bytes + ((grp >> 1) & 3) * 16 + 4 * quad
             return off_lo, off_lo + 8 * self.box_bytes
-        if const_expr(self.cfg.kperm or self.cfg.wfrag):
+        if const_expr(self.cfg.kperm or self.cfg.order.fragment_order):
             off_lo = off_lo + 4 * quad
             off_hi = off_hi + 4 * quad
         return off_lo, off_hi
@@ -964,7 +963,7 @@ class W4A16WgmmaGemm(StreamKTiles):
         tracing): rows lo and hi; with ``wfrag`` one address, the lane's share of its quad's
         scales (see :meth:`load_scales`), twice."""
         kb16 = self.cfg.k // self.cfg.scale_k  # scale bytes per row
-        if const_expr(self.cfg.wfrag):
+        if const_expr(self.cfg.order.fragment_order):
             mine = row_lo + (quad // 2) * (row_hi - row_lo)
             addr = s_base + Int64(mine) * Int64(kb16) + Int64(2 * (quad % 2))
             return addr, addr
@@ -976,7 +975,7 @@ class W4A16WgmmaGemm(StreamKTiles):
         loads one pair: the lo row (quad lanes 0-1) or the hi row (2-3), first or second 32-k
         chunk (even / odd lanes), into ``sc[slot]``; :meth:`load_chunk` converts it once and
         hands the pairs round by shuffles (plain Python, inlined while tracing)."""
-        if const_expr(self.cfg.wfrag):
+        if const_expr(self.cfg.order.fragment_order):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 4))
         elif const_expr(self.cfg.mx):
             sc[slot] = ld_u16(s_lo + Int64(k_tile * 2))
@@ -1011,7 +1010,7 @@ class W4A16WgmmaGemm(StreamKTiles):
                 scl[2] = scale_pair_pre(prmt(sc_lo, sc_hi, sel[2]))
             scl[0] = shfl_quad_from(scl[2], sel[j])
             return
-        if const_expr(self.cfg.wfrag):
+        if const_expr(self.cfg.order.fragment_order):
             if const_expr(self.sub > 1):
                 # 32-k chunk 2q + j of the stage: its 16-byte unit, swizzled (w_layout)
                 addr = stage_w + off_lo
@@ -1051,14 +1050,14 @@ class W4A16WgmmaGemm(StreamKTiles):
         activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
         same register slots as the gathered decode's (step s, half h)."""
         if const_expr(self.cfg.kperm):
-            decode = decode_word_wperm if self.cfg.wperm else decode_word_pair4
+            decode = decode_word_wperm if self.cfg.order.wperm_bits else decode_word_pair4
             s_lo, s_hi = bf16x2_halves(scl[0])
             d_lo = decode(raw[0], s_lo)
             d_hi = decode(raw[1], s_hi)
-        elif const_expr(self.cfg.wfrag):
+        elif const_expr(self.cfg.order.fragment_order):
             # wfrag word: register j = natural k pair 8j + 2c + {0, 1}, the same slots as the
             # gathered decode's (step s = j // 2 with its block scale, half h = j % 2)
-            decode2 = decode_word_wperm_2s if self.cfg.wperm else decode_word_pair4_2s
+            decode2 = decode_word_wperm_2s if self.cfg.order.wperm_bits else decode_word_pair4_2s
             d_lo = decode2(raw[0], *bf16x2_halves(scl[0]))
             d_hi = decode2(raw[1], *bf16x2_halves(scl[1]))
         else:
