@@ -155,7 +155,7 @@ def test_permuted_orders_and_the_moe_plan():
         for n, k, epi in ((4096, 4096, "swiglu"), (4096, 2048, "row_scale")):
             for m_tiles in (None, 1, 9):
                 plan = _plan(n, k, bm, epi, grouped=True, m_tiles=m_tiles, permuted=True)
-                assert plan.config.kperm and plan.config.grouped and plan.block_m == bm
+                assert plan.config.permuted and plan.config.grouped and plan.block_m == bm
                 assert plan.act_order == ("pair" if bm == 8 else "kperm")
                 assert plan.family == ("stream" if bm == 8 else "wgmma")
                 assert _plan(n, k, bm, epi, grouped=True, m_tiles=m_tiles).act_order == \

@@ -35,7 +35,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     assert {p.family for p in PLANS} == {"stream", "mma", "wgmma"}
     grouped = [p for p in PLANS if p.config.grouped]
     assert len(grouped) == 2 * (2 * 2 * 6 + 2) + siblings
-    assert all(p.config.kperm for p in grouped)
+    assert all(p.config.permuted for p in grouped)
     sib = [p for p in grouped if getattr(p.config, "sibling", False)]
     assert len(sib) == siblings and {p.block_m for p in sib} == {16, 32, 64, 128}
     assert sum(p.weight_order is dispatch.WeightOrder.WPERM for p in grouped) == len(grouped) // 2

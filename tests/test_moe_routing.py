@@ -518,8 +518,8 @@ def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm, hot=False):
     order = WeightOrder.CHECKPOINT
 
     def gemm(epilogue, tile=bm):
-        return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=tile, order=order),
-                        layout)
+        return GemmPlan("torch", SimpleNamespace(epilogue=epilogue, block_m=tile, order=order,
+                                                 act_order=layout))
 
     hot_class = moe_hot_class(bm) if hot else None
     hot_plan = None if hot_class is None else HotPlan(

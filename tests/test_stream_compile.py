@@ -57,10 +57,10 @@ def test_plan_contract():
     assert len(KPERM_VARIANTS) == 2 * 2
     natural = {c.name: c for c in VARIANTS}
     for cfg in KPERM_VARIANTS:
-        # the same tile as the natural config, plus the flag and the name suffix
-        assert cfg.kperm and cfg.name.endswith("_kp_sm_90a")
+        # the same tile as the natural config, plus the order and the name suffix
+        assert cfg.act_order == "pair" and cfg.name.endswith("_kp_sm_90a")
         twin = natural[cfg.name.replace("_kp_", "_")]
-        assert not twin.kperm and cfg == type(cfg)(**{**vars(twin), "kperm": True})
+        assert not twin.permuted and cfg == type(cfg)(**{**vars(twin), "act_order": "pair"})
     for cfg in VARIANTS + KPERM_VARIANTS:
         assert cfg.name.startswith("w4a16s_") and cfg.name.isidentifier()
         assert cfg.n_out == (cfg.n // 2 if cfg.epilogue == "swiglu" else cfg.n)
@@ -130,7 +130,8 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096, stages=12),
         dict(n=4104, k=4096),  # N % 16
         dict(n=4096, k=4096, ctas=-1),
-        dict(n=4096, k=4096, kperm=True),  # pair-order activations: grouped problems only
+        dict(n=4096, k=4096, act_order="pair"),  # pair order: grouped problems only
+        dict(n=4096, k=4096, grouped=True, act_order="kperm"),  # the WGMMA family's order
         dict(n=4096, k=4096, pdl=True),  # launch overlap: the MoE chain's grouped GEMMs only
         # tma2d: dense, non-SwiGLU, one CTA per item, even warps_k
         dict(n=4096, k=4096, tma2d=True, epilogue="swiglu"),

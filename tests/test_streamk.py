@@ -126,7 +126,7 @@ def _wgmma_pair(n, k, m, bm, r, st, sk, bias, extra=None):
 
     base = W.WgmmaConfig(n, k, "none", bias, False, bm, r, 1, 6, order=WeightOrder.WFRAG)
     sk_cfg = dataclasses.replace(base, stages=st, streamk=sk, **(extra or {}))
-    return tuple(GemmPlan("wgmma", c, "natural") for c in (base, sk_cfg))
+    return tuple(GemmPlan("wgmma", c) for c in (base, sk_cfg))
 
 
 @pytest.mark.gpu

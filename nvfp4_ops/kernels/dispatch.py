@@ -49,7 +49,7 @@ from typing import Any
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.triton.moe_routing import HotClass, hot_experts_bound, padded_rows
 from nvfp4_ops.orders import WeightOrder
-from nvfp4_ops.orders.kperm import KPERM, NATURAL, PAIR
+from nvfp4_ops.orders.kperm import NATURAL
 
 __all__ = [
     "BLOCK_MS",
@@ -92,8 +92,9 @@ _STREAM, _MMA, _WGMMA = "stream", "mma", "wgmma"
 _MODULES = {_STREAM: w4a16_stream, _MMA: w4a16_gemm, _WGMMA: w4a16_wgmma}
 _CONFIGS = {_STREAM: w4a16_stream.StreamConfig, _MMA: w4a16_gemm.GemmConfig,
             _WGMMA: w4a16_wgmma.WgmmaConfig}
-#: the permuted activation order each family reads (:mod:`nvfp4_ops.orders.kperm`)
-_PERMUTED_ORDER = {_STREAM: PAIR, _WGMMA: KPERM}
+#: the permuted activation order each family reads (:mod:`nvfp4_ops.orders.kperm`; the
+#: configs' ``PERMUTED_ORDER``)
+_PERMUTED_ORDER = {f: cls.PERMUTED_ORDER for f, cls in _CONFIGS.items() if cls.PERMUTED_ORDER}
 
 # ---------------------------------------------------------------------------- tables
 
@@ -151,12 +152,17 @@ TMA2D_MIN_CHUNKS = 16
 @dataclass(frozen=True)
 class GemmPlan:
     """What one W4A16 GEMM launch runs: its kernel ``family`` (``stream``, ``mma``,
-    ``wgmma``), the family's frozen ``config`` (the compile key) and the activation order the
-    kernel reads (``act_order``: ``natural``, ``pair`` or ``kperm``)."""
+    ``wgmma``) and the family's frozen ``config`` (the compile key), which holds the weight
+    and activation orders the kernel reads."""
 
     family: str
     config: Any
-    act_order: str
+
+    @property
+    def act_order(self) -> str:
+        """The activations' k order: ``natural``, ``pair`` or ``kperm``
+        (:mod:`nvfp4_ops.orders.kperm`), the config's."""
+        return getattr(self.config, "act_order", NATURAL)
 
     @property
     def weight_order(self) -> WeightOrder:
@@ -599,26 +605,22 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
             if grouped and flex and fields["row_wgs"] >= 2 and block_m in MOE_FLEX:
                 flags["flex"] = MOE_FLEX[block_m]
     if permuted:
-        flags["kperm"] = True
+        flags["act_order"] = _PERMUTED_ORDER[family]
     if mx:
         flags["mx"] = True
-    act_order = _PERMUTED_ORDER[family] if permuted else NATURAL
     if order.wperm_bits:
         if not (family == _STREAM or wfrag or permuted):
             raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
                              f"block_m={block_m}, grouped={grouped}, permuted={permuted}")
     config = _CONFIGS[family](n, k, epilogue, has_bias, grouped, block_m, **fields, **flags,
                               order=order)
-    return GemmPlan(family, config, act_order)
+    return GemmPlan(family, config)
 
 
 def plan_of_config(config) -> GemmPlan:
-    """The plan that launches exactly ``config`` (its family from its class, its activation
-    order from its flags, its weight order its own): for tools and tests that run a config the
-    policy would not pick. Chooses nothing."""
-    family = next(f for f, cls in _CONFIGS.items() if isinstance(config, cls))
-    act_order = _PERMUTED_ORDER[family] if getattr(config, "kperm", False) else NATURAL
-    return GemmPlan(family, config, act_order)
+    """The plan that launches exactly ``config`` (its family from its class): for tools and
+    tests that run a config the policy would not pick. Chooses nothing."""
+    return GemmPlan(next(f for f, cls in _CONFIGS.items() if isinstance(config, cls)), config)
 
 
 def _dense_m_tiles(num_rows: int, block_m: int) -> int:

@@ -30,6 +30,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
+from nvfp4_ops.orders.kperm import NATURAL
+
 __all__ = ["EPILOGUES", "DirectLaunch", "GemmProblem", "clamped_swiglu", "compile_from_fakes",
            "epilogue_value", "global_halves", "row_global"]
 
@@ -55,8 +57,17 @@ class GemmProblem:
     #: config-name prefix of the family, and the token tiles it compiles
     PREFIX: ClassVar[str] = ""
     BLOCK_MS: ClassVar[tuple[int, ...]] = ()
+    #: the permuted activation order the family can read (a name of
+    #: :data:`nvfp4_ops.orders.kperm.LAYOUTS`; its configs then have an ``act_order`` field),
+    #: or None
+    PERMUTED_ORDER: ClassVar[str | None] = None
 
     def check_problem(self) -> None:
+        act_order = getattr(self, "act_order", NATURAL)
+        if act_order not in (NATURAL, self.PERMUTED_ORDER):
+            raise ValueError(f"act_order must be {NATURAL!r}"
+                             + (f" or {self.PERMUTED_ORDER!r}" if self.PERMUTED_ORDER else "")
+                             + f" for {type(self).__name__}, got {act_order!r}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
         if self.block_m not in self.BLOCK_MS:
@@ -74,6 +85,11 @@ class GemmProblem:
         """K values per byte of ``w_scale``: 16 (e4m3 block scales), or 32 for a config whose
         family has a true ``mx`` field (MXFP4's UE8M0 scales)."""
         return 32 if getattr(self, "mx", False) else 16
+
+    @property
+    def permuted(self) -> bool:
+        """The activations are in the family's permuted k order (``act_order`` not natural)."""
+        return getattr(self, "act_order", NATURAL) != NATURAL
 
     @property
     def order_tag(self) -> str:

@@ -76,13 +76,12 @@ of ``a[token, p:p+8]``, ``(p+j, p+j+4)`` is ``prmt(x[j/2], x[j/2 + 2])`` (low or
 MMA ``s`` of a word (``mma.sync.m16n8k16``, weights as A with rows on M, tokens as B on N) takes
 pairs ``2s`` and ``2s + 1`` as its logical k ``{2c, 2c+1}`` and ``{2c+8, 2c+9}``.
 
-Pair-order activations (``kperm``, grouped only: the MoE's 8-token tiles): when ``a`` holds
-every 8-block of k in the ``pair`` order of :mod:`nvfp4_ops.orders.kperm` (stored position
+Pair-order activations (``act_order='pair'``, grouped only: the MoE's 8-token tiles): when ``a``
+holds every 8-block of k in the ``pair`` order of :mod:`nvfp4_ops.orders.kperm` (stored position
 ``2j`` = k ``j``, ``2j + 1`` = k ``j + 4``), the 16-byte load ``x0..x3`` is already ``(p+j,
-p+j+4)`` in ``x_j``: the B fragment is the loaded words, no ``prmt`` (4 per word index and
-token tile). A ``swiglu`` output is then written in the same order (it is GEMM 2's ``a``):
-feature ``f`` at column ``8 (f // 8) + pair_dst(f % 8)``; ``none`` / ``row_scale`` outputs stay
-natural.
+p+j+4)`` in ``x_j``: the B fragment is the loaded words, no ``prmt`` (4 per word index and token
+tile). A ``swiglu`` output is then written in the same order (it is GEMM 2's ``a``): feature
+``f`` at column ``8 (f // 8) + pair_dst(f % 8)``; ``none`` / ``row_scale`` outputs stay natural.
 
 Launch overlap (``pdl``, grouped only: the MoE chain). The kernel is launched with programmatic
 dependent launch, so it can start while the previous kernel on the stream (the MoE gather, or
@@ -95,7 +94,7 @@ gather, whose every CTA waits for the routing before it lets this kernel launch 
 argument is in ``moe_cuda``'s docstring). A CTA with no real tile does not wait, except CTA 0
 (with tile 0 always real when any is), so the grid cannot complete before the previous one.
 
-MXFP4 scales (``mx``, grouped ``kperm``: the MoE on DeepSeek's own checkpoints). ``w_scale`` holds
+MXFP4 scales (``mx``, grouped pair order: the MoE on DeepSeek's own checkpoints). ``w_scale`` holds
 one UE8M0 byte per 32 k (``[G, N, K/32]``), a stage ``kc/32`` bytes per row (a bulk copy of
 16 bytes or more: ``kc >= 512``). A lane's 32 k of a step are exactly one MX block, so it
 reads one byte where it read an e4m3 pair, and one ``mad`` makes the decoders' bf16x2 scale
@@ -156,6 +155,7 @@ from nvfp4_ops.kernels.cute.ptx import (
     pair_halves,
 )
 from nvfp4_ops.orders import WeightOrder
+from nvfp4_ops.orders.kperm import NATURAL, PAIR
 
 __all__ = [
     "BLOCK_MS",
@@ -189,12 +189,13 @@ class StreamConfig(GemmProblem):
     The problem fields of :class:`GemmProblem`, then ``warps_k``: consumer warps (split K
     inside the CTA); ``steps``: 128-k steps per consumer per stage (stage K chunk ``kc = 128 *
     warps_k * steps``); ``stages``: pipeline depth; ``ctas``: persistent launch (at most that
-    many CTAs loop over the work items; 0 = one CTA per item); ``kperm``: pair-order
+    many CTAs loop over the work items; 0 = one CTA per item); ``act_order``: pair-order
     activations (module docstring).
     """
 
     PREFIX: ClassVar[str] = "w4a16s"
     BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
+    PERMUTED_ORDER: ClassVar[str] = PAIR
 
     block_m: int = 8
     warps_k: int = 4
@@ -203,10 +204,10 @@ class StreamConfig(GemmProblem):
     #: persistent launch: at most ``ctas`` CTAs, each looping over (feature tile, token tile)
     #: work items with one pipeline that runs on across items (0 = one item per CTA)
     ctas: int = 0
-    #: activations (operand B) in the ``pair`` order of :mod:`nvfp4_ops.orders.kperm` (the B
-    #: fragment is the loaded words, no ``prmt``), and a SwiGLU output written in that order
-    #: too (the MoE's GEMM 1 feeds GEMM 2); grouped problems only
-    kperm: bool = False
+    #: the activations' k order (operand B): ``natural``, or ``pair`` (:mod:`nvfp4_ops.orders.
+    #: kperm`: the B fragment is the loaded words, no ``prmt``; a SwiGLU output is written in
+    #: that order too, the MoE's GEMM 1 feeding GEMM 2; grouped problems only)
+    act_order: str = NATURAL
     #: programmatic dependent launch, the producer streaming weights before the previous
     #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
     pdl: bool = False
@@ -224,17 +225,17 @@ class StreamConfig(GemmProblem):
     tma2d: bool = False
     #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
     #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
-    #: scales"); grouped ``kperm`` problems with 512-k chunks or more (16-byte scale copies)
+    #: scales"); grouped pair-order problems with 512-k chunks or more (16-byte scale copies)
     mx: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         self.check_problem()
-        if self.kperm and not self.grouped:
-            raise ValueError("kperm (pair-order activations) is for grouped problems only")
-        if self.order.fragment_order and self.kperm:
+        if self.permuted and not self.grouped:
+            raise ValueError("pair-order activations are for grouped problems only")
+        if self.order.fragment_order and self.permuted:
             raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
-                             "kperm (pair-order activations)")
+                             "pair-order activations")
         if self.epilogue == "swiglu" and self.n % 32 != 0:
             raise ValueError("swiglu needs N % 32 == 0")
         if self.n_out % self.rows_out != 0:
@@ -255,9 +256,9 @@ class StreamConfig(GemmProblem):
         if self.tma2d and not self.tma2d_allowed:
             raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
                              "non-persistent configs with an even warps_k")
-        if self.mx and not (self.grouped and self.kperm and not self.tma2d
+        if self.mx and not (self.grouped and self.permuted and not self.tma2d
                             and self.kc % 512 == 0):
-            raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm problems with "
+            raise ValueError("mx (UE8M0 scales per 32 k) is for grouped pair-order problems with "
                              "chunks of 512 k or more (16-byte scale copies)")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
@@ -265,9 +266,9 @@ class StreamConfig(GemmProblem):
     @property
     def tma2d_allowed(self) -> bool:
         """Whether :attr:`tma2d` may be set: dense, non-SwiGLU, one CTA per item (no ``ctas``,
-        ``kperm`` or ``pdl``), an even ``warps_k`` (two warps share a 16-byte scale group)."""
+        pair order or ``pdl``), an even ``warps_k`` (two warps share a 16-byte scale group)."""
         return not (self.grouped or self.epilogue == "swiglu" or self.ctas or self.warps_k % 2
-                    or self.kperm or self.pdl)
+                    or self.permuted or self.pdl)
 
     @property
     def kc(self) -> int:
@@ -323,7 +324,7 @@ class StreamConfig(GemmProblem):
         return (
             f"{self.name_head}"
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
-            f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.kperm else ''}"
+            f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.permuted else ''}"
             f"{'_pdl' if self.pdl else ''}{self.order_tag}{'_t2' if self.tma2d else ''}"
             f"{'_mx' if self.mx else ''}_{self.arch}"
         )
@@ -707,7 +708,7 @@ class W4A16StreamGemm(DirectLaunch):
             x_addr.append(a_row_addr[t] + Int64(kb * 2))
         # round r: checkpoint order decodes word r (register j = codes (j, j + 4) of its 8 k,
         # block scale r // 2) and pairs the r-th 16-byte activation load to match (``prmt``, or
-        # nothing with ``kperm`` activations). ``wfrag`` takes register r of all four words
+        # nothing with pair-order activations). ``wfrag`` takes register r of all four words
         # (word i: natural k pair 8r + 2i + {0, 1} of the 32-k block, block scale r // 2): the
         # MMAs take words (0, 1) and (2, 3) as their two k slots against the natural load r.
         if const_expr(self.cfg.order.fragment_order):
@@ -723,7 +724,7 @@ class W4A16StreamGemm(DirectLaunch):
                     dec.append(decode(wv[q2][r], scl[q2][r // 2]))
             for t in range(self.num_tiles):
                 xv = ld_v4_at(x_addr[t], r * 16)
-                if self.cfg.order.fragment_order or self.cfg.kperm:
+                if self.cfg.order.fragment_order or self.cfg.permuted:
                     # wfrag: natural pairs; pair order: word j holds k (p+j, p+j+4) already
                     b0, b1, b2, b3 = xv[0], xv[1], xv[2], xv[3]
                 else:
@@ -740,13 +741,13 @@ class W4A16StreamGemm(DirectLaunch):
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
                  grp, quad, num_rows):
         """C fragment f of column tile t: weight row g + 8 (f // 2), token 8 t + 2 c + (f % 2);
-        the up half's fragments follow the gate half's. ``kperm`` + ``swiglu``: feature ``row``
+        the up half's fragments follow the gate half's. Pair order + ``swiglu``: feature ``row``
         is stored at column ``8 (row // 8) + pair_dst(row % 8)`` (``row % 8 == g``: ``row0``
         is a multiple of 8)."""
         cfg = self.cfg
         unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
         col_shift = 0
-        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+        if const_expr(cfg.permuted and cfg.epilogue == "swiglu"):
             # pair_dst(g) - g = 2 (g % 4) + g // 4 - g, the same for every row of this lane
             col_shift = 2 * (grp % 4) + grp // 4 - grp
         for t in cutlass.range_constexpr(self.num_tiles):
@@ -757,7 +758,7 @@ class W4A16StreamGemm(DirectLaunch):
                     v = epilogue_value(cfg, acc, 4 * t + f, 4 * (self.num_tiles + t) + f,
                                        unscale, w_global, expert, row, token, row_scale, bias,
                                        swiglu_limit)
-                    if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+                    if const_expr(cfg.permuted and cfg.epilogue == "swiglu"):
                         out[token, row + col_shift] = v.to(BFloat16)
                     else:
                         out[token, row] = v.to(BFloat16)

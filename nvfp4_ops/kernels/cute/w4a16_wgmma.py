@@ -161,6 +161,7 @@ from nvfp4_ops.kernels.cute.ptx import (
 )
 from nvfp4_ops.kernels.cute.streamk import StreamKTiles
 from nvfp4_ops.orders import WeightOrder
+from nvfp4_ops.orders.kperm import KPERM, NATURAL
 
 __all__ = [
     "BLOCK_K",
@@ -205,16 +206,17 @@ class WgmmaConfig(GemmProblem):
 
     PREFIX: ClassVar[str] = "w4a16wg"
     BLOCK_MS: ClassVar[tuple[int, ...]] = BLOCK_MS
+    PERMUTED_ORDER: ClassVar[str] = KPERM
 
     block_m: int = 128
     row_wgs: int = 2
     split_k: int = 1
     stages: int = 0
-    #: activations (operand B) in the k-permuted order of :mod:`nvfp4_ops.orders.kperm`, and a
-    #: SwiGLU output written in that order too (the MoE's GEMM 1 feeds GEMM 2): each lane then
-    #: decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4`` decoder (one
-    #: 4-byte shared load and one block scale) instead of gathering bytes from 16
-    kperm: bool = False
+    #: the activations' k order (operand B): ``natural``, or ``kperm`` (:mod:`nvfp4_ops.orders.
+    #: kperm`; a SwiGLU output is written in that order too, the MoE's GEMM 1 feeding GEMM 2):
+    #: each lane then decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4``
+    #: decoder (one 4-byte shared load and one block scale) instead of gathering bytes from 16
+    act_order: str = NATURAL
     #: programmatic dependent launch (grouped: the MoE chain; dense stream-K tiles): the
     #: producer streams the first stages' weights before ``griddepcontrol.wait``, activations
     #: only after it; the consumers wait before they touch anything else, then let the next
@@ -268,9 +270,9 @@ class WgmmaConfig(GemmProblem):
                 and (self.block_m, self.row_wgs, self.split_k) not in verified):
             raise ValueError("this split_k > 1 / more than 2 consumer warpgroups tile is not "
                              "validated on a GPU (w4a16_wgmma.VERIFIED_MULTI, VERIFIED_GROUPED)")
-        if self.order is WeightOrder.WPERM and not self.kperm:
+        if self.order is WeightOrder.WPERM and not self.permuted:
             raise ValueError("the WPERM order needs kperm (only the pair4 decode paths read it)")
-        if self.order.fragment_order and self.kperm:
+        if self.order.fragment_order and self.permuted:
             raise ValueError("wfrag (fragment-order weights, natural activations) excludes "
                              "kperm (permuted activations)")
         if self.k % (BLOCK_K * self.split_k) != 0:
@@ -292,7 +294,7 @@ class WgmmaConfig(GemmProblem):
         if self.streamk < 0:
             raise ValueError(f"streamk must be >= 0, got {self.streamk}")
         if self.streamk and (self.grouped or self.epilogue != "none" or self.split_k > 1
-                             or self.kperm or not self.order.fragment_order or self.k % 128):
+                             or self.permuted or not self.order.fragment_order or self.k % 128):
             raise ValueError("streamk is for dense 'none' problems (bias allowed) on wfrag "
                              "weights with split_k=1 and K % 128 == 0")
         if self.scale_ahead and self.stage_k != 128:
@@ -302,7 +304,7 @@ class WgmmaConfig(GemmProblem):
                               and self.block_m // self.flex <= 4):
             raise ValueError(f"flex={self.flex}: a width granularity is for grouped tiles "
                              "without split_k, 32 or 64 dividing block_m in at most 4 widths")
-        if self.mx and not (self.grouped and self.kperm and not self.streamk):
+        if self.mx and not (self.grouped and self.permuted and not self.streamk):
             raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm tiles")
 
     @property
@@ -347,7 +349,7 @@ class WgmmaConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_r{self.row_wgs}"
-            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.kperm else ''}"
+            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.permuted else ''}"
             f"{'_pdl' if self.pdl else ''}{'_sib' if self.sibling else ''}"
             f"{self.order_tag}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'_sa' if self.scale_ahead else ''}{f'_fx{self.flex}' if self.flex else ''}"
@@ -818,7 +820,7 @@ class W4A16WgmmaGemm(StreamKTiles):
         rq = wg % cfg.row_wgs  # which 64-A-row block
         sk = wg // cfg.row_wgs  # which k slice: k tiles sk, sk + split_k, ...
         sel = quad | ((quad + 4) << 4) | (quad << 8) | ((quad + 4) << 12)
-        if const_expr(cfg.kperm):
+        if const_expr(cfg.permuted):
             # this lane's 4 bytes of a 32-k row chunk hold k 8c .. 8c+7: block scale 2j + c/2 of
             # the tile for chunk j. Quad lane c converts the (lo, hi) pair of block c (one prmt
             # of the rows' scale words); chunk j takes it from quad lane 2j + c/2 (load_chunk)
@@ -920,7 +922,7 @@ class W4A16WgmmaGemm(StreamKTiles):
             row = 64 * rq + 16 * wq + grp
             off_lo = row * self.box_bytes + ((grp >> 1) & 3) * 16 + 4 * quad
             return off_lo, off_lo + 8 * self.box_bytes
-        if const_expr(self.cfg.kperm or self.cfg.order.fragment_order):
+        if const_expr(self.cfg.permuted or self.cfg.order.fragment_order):
             off_lo = off_lo + 4 * quad
             off_hi = off_hi + 4 * quad
         return off_lo, off_hi
@@ -999,7 +1001,7 @@ class W4A16WgmmaGemm(StreamKTiles):
 
         Plain Python (no ``cute.jit``): inlined while the kernel is traced.
         """
-        if const_expr(self.cfg.kperm):
+        if const_expr(self.cfg.permuted):
             raw[0] = lds_u32_at(stage_w + off_lo, 16 * j)
             raw[1] = lds_u32_at(stage_w + off_hi, 16 * j)
             if const_expr(self.cfg.mx):
@@ -1049,7 +1051,7 @@ class W4A16WgmmaGemm(StreamKTiles):
         ``kperm``: ``pair4`` word j = physical k ``(8c + j, 8c + j + 4)``, which the permuted
         activations hold at logical k ``16 s + 8 h + 2c + {0, 1}`` for ``j = 2 s + h``: the
         same register slots as the gathered decode's (step s, half h)."""
-        if const_expr(self.cfg.kperm):
+        if const_expr(self.cfg.permuted):
             decode = decode_word_wperm if self.cfg.order.wperm_bits else decode_word_pair4
             s_lo, s_hi = bf16x2_halves(scl[0])
             d_lo = decode(raw[0], s_lo)
@@ -1142,7 +1144,7 @@ class W4A16WgmmaGemm(StreamKTiles):
             b_hi = bias[row_hi].to(Float32)
         m0 = bidy * cfg.block_m
         col_lo = row_lo
-        if const_expr(cfg.kperm and cfg.epilogue == "swiglu"):
+        if const_expr(cfg.permuted and cfg.epilogue == "swiglu"):
             # GEMM 2 reads this output k-permuted: feature f goes to 32 (f/32) + dst(f % 32)
             f = row_lo % 32
             col_lo = row_lo - f + 8 * (f % 4) + f // 4
