@@ -191,7 +191,7 @@ def test_moe_passes_views():
     hidden_states = torch.randn(tokens, hidden, device=device).to(torch.bfloat16)
     plan = dispatch.plan_moe(tokens, top_k, experts, hidden, inter, block_m=8)
     moe_forward(hidden_states, ids, weights, w13, s13, g13, w2, s2, g2, 0, None, 1.0,
-                plan=plan, gemm=gemm, pdl=device == "cuda")
+                plan=plan, gemm=gemm)
     (epi1, v13, a1, _), (epi2, v2, _, out2) = calls
     assert epi1 == "swiglu" and epi2 == "row_scale"
     # one [P, H] buffer per call: GEMM 2 writes over GEMM 1's input

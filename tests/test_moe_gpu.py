@@ -347,7 +347,7 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
         _poison_allocator(2**28)
         outs[kperm] = moe_cuda.moe_forward(
             hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5,
-            plan=dispatch.plan_moe(*sizes, permuted=kperm, chained=False), pdl=False)
+            plan=dispatch.plan_moe(*sizes, permuted=kperm, chained=False))
     assert torch.equal(outs[True], outs[False]), "pair order differs from natural"
     got, want = _run(FLASH, flash, hidden, ids, weights)
     assert torch.equal(got, outs[True]), "the op did not match its pair-order data flow"
@@ -375,7 +375,7 @@ def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
     def run(pdl, h=hidden, i=ids, w=weights):
         plan = dispatch.plan_moe(*sizes, chained=pdl)
         return moe_cuda.moe_forward(h, i, w, *flash.args(), expert_start, FLASH.swiglu_limit,
-                                    1.5, plan=plan, pdl=pdl)
+                                    1.5, plan=plan)
 
     _poison_allocator(2**28)
     plain = run(False)

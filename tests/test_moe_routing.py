@@ -525,7 +525,7 @@ def stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm, hot=False):
     hot_plan = None if hot_class is None else HotPlan(
         hot_class, gemm("swiglu", hot_class.block_m), gemm("row_scale", hot_class.block_m))
     return MoEPlan(padded_rows(num_tokens * top_k, num_experts, bm, hot_class),
-                   gemm("swiglu"), gemm("row_scale"), hot_plan)
+                   gemm("swiglu"), gemm("row_scale"), hot_plan, chained=False)
 
 
 @pytest.fixture(scope="module")
@@ -566,7 +566,7 @@ def test_orchestration_vs_reference(kernels, tiny_experts, num_tokens, expert_st
     want = moe_reference(*args)
     plan = stand_in_plan(num_tokens, top_k, num_experts, block_m, kperm)
     got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
-                      plan=plan, gemm=torch_gemm, pdl=False).cpu()
+                      plan=plan, gemm=torch_gemm).cpu()
     assert got.shape == want.shape and got.dtype == torch.bfloat16
     assert not got.isnan().any()
     err = rel_l2(got, want)
@@ -604,7 +604,7 @@ def test_orchestration_hot_experts(kernels, tiny_experts, block_m):
                                       hot=plan.hot.routing)
     assert 3 in routing.hot_tile_expert.cpu().tolist()
     assert 3 not in routing.tile_expert.cpu().tolist()
-    got = moe_forward(*dev_args, plan=plan, gemm=torch_gemm, pdl=False).cpu()
+    got = moe_forward(*dev_args, plan=plan, gemm=torch_gemm).cpu()
     err = rel_l2(got, want)
     assert err < (8e-3 if device == "cpu" else 3e-3), f"relative L2 error {err:.2e}"
 
@@ -628,5 +628,5 @@ def test_orchestration_wrong_order_fails(kernels, tiny_experts, monkeypatch):
     monkeypatch.setattr(kp, "stored_column", lambda f, layout: kperm_column(f, "kperm"))
     got = moe_forward(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in args),
                       plan=stand_in_plan(7, 6, tiny_experts.num_experts, 8, True),
-                      gemm=torch_gemm, pdl=False).cpu()
+                      gemm=torch_gemm).cpu()
     assert rel_l2(got.float(), want) > 0.1

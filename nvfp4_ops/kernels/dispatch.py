@@ -194,16 +194,18 @@ class MoEPlan:
     """Everything ``nvfp4::moe`` runs for one set of static sizes.
 
     ``num_rows``: the padded row count ``P`` of the gathered buffer; ``gate_up`` / ``down``:
-    the two grouped GEMMs (both launched with launch overlap), which share one token tile,
-    one activation order and one weight order; the properties read them from ``gate_up``.
-    ``hot``: the second tile for experts with many rows (None: one tile for all), whose
-    GEMMs run after each base GEMM over the same buffers.
+    the two grouped GEMMs, which share one token tile, one activation order and one weight
+    order; the properties read them from ``gate_up``. ``hot``: the second tile for experts
+    with many rows (None: one tile for all), whose GEMMs run after each base GEMM over the
+    same buffers. ``chained``: the whole chain (the Triton kernels, and the GEMMs whose family
+    can) is launched with launch overlap (``moe_cuda``, "Launch overlap").
     """
 
     num_rows: int
     gate_up: GemmPlan
     down: GemmPlan
     hot: HotPlan | None = None
+    chained: bool = True
 
     @property
     def block_m(self) -> int:
@@ -731,7 +733,7 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     if hot_class is not None:
         hot_plan = HotPlan(hot_class, *gemms(hot_class.block_m))
         assert hot_plan.gate_up.act_order == gate_up.act_order
-    return MoEPlan(num_rows, gate_up, down, hot_plan)
+    return MoEPlan(num_rows, gate_up, down, hot_plan, chained)
 
 
 def _hot_class(block_m: int, hidden_size: int, inter: int, permuted: bool) -> HotClass | None:

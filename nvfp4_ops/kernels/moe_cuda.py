@@ -32,10 +32,10 @@ gather writes ``a`` that way and GEMM 1's epilogue writes ``h`` that way. WGMMA 
 without gathering them (fewer instructions per weight). Streamed 8-token tiles (decode): every
 8-block in pair order, so the activation loads are the MMA's B fragment without byte permutes.
 
-Launch overlap (``pdl``; the op always uses it): the gather, both GEMMs and the combine are
-launched with programmatic dependent launch, so each can be resident, and the GEMMs can already
-stream weights, while the previous kernel finishes (``w4a16_stream``, "Launch overlap"). Why
-it is ordered:
+Launch overlap (``MoEPlan.chained``; the op's plans always have it): the gather, both GEMMs and
+the combine are launched with programmatic dependent launch, so each can be resident, and the
+GEMMs can already stream weights, while the previous kernel finishes (``w4a16_stream``, "Launch
+overlap"). Why it is ordered:
 
 * every PDL-launched kernel waits (``griddepcontrol.wait``: the previous grid has completed and
   its writes are visible) before it reads another kernel's output or writes anything, and
@@ -232,7 +232,6 @@ def moe_forward(
     *,
     plan: MoEPlan,
     gemm: Callable = run_gemm,
-    pdl: bool = True,
 ) -> torch.Tensor:
     """The op's data flow (module docstring) for ``plan``, with the grouped GEMM passed in as
     ``gemm`` (arguments as :func:`nvfp4_ops.moe`, already validated; ``T >= 1``).
@@ -244,13 +243,15 @@ def moe_forward(
     padding rows' outputs are never read, so the GEMM may compute them from any row of the
     tile); its ``w_global`` is the fp32 view ``[E, 2, I]`` of ``w13_global`` (GEMM 1) or
     ``[E, 1, H]`` of ``w2_global`` (GEMM 2); GEMM 2's ``out`` is GEMM 1's ``a``. Tests pass a
-    torch stand-in to check the data flow without the CuTeDSL kernels. ``pdl``: launch the Triton
-    kernels with launch overlap (CUDA tensors only; the GEMMs' launch mode is their plan's).
+    torch stand-in to check the data flow without the CuTeDSL kernels. The Triton kernels are
+    launched with launch overlap when ``plan.chained`` (CUDA tensors only; the GEMMs' launch
+    mode is in their own configs, from the same plan).
     """
     num_tokens, hidden_size = hidden.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
+    pdl = plan.chained
     bufs, reused = _call_buffers(hidden.device, plan, top_k, num_slots, num_experts,
                                  hidden_size, inter, pdl)
     hot = plan.hot
