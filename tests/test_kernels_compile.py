@@ -36,7 +36,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     grouped = [p for p in PLANS if p.config.grouped]
     assert len(grouped) == 2 * (2 * 2 * 6 + 2) + siblings
     assert all(p.config.permuted for p in grouped)
-    sib = [p for p in grouped if getattr(p.config, "sibling", False)]
+    sib = [p for p in grouped if p.config.sibling]
     assert len(sib) == siblings and {p.block_m for p in sib} == {16, 32, 64, 128}
     assert sum(p.weight_order is dispatch.WeightOrder.WPERM for p in grouped) == len(grouped) // 2
     assert not any(p.config.order.fragment_order for p in grouped)
@@ -126,7 +126,7 @@ def test_mx_ptx_reads_one_ue8m0_byte_per_32_k(block_m, tmp_path):
     plans = {p.config.mx: p for p in (*PLANS, *MX_PLANS)
              if p.config.grouped and p.block_m == block_m and p.config.n == 4096
              and p.config.k == 4096 and p.weight_order is dispatch.WeightOrder.WPERM
-             and not getattr(p.config, "sibling", False) and not getattr(p.config, "ctas", 0)}
+             and not p.config.sibling and not getattr(p.config, "ctas", 0)}
     ptx = {mx: kernel_ptx(plans[mx].config, tmp_path / str(mx)) for mx in (False, True)}
     assert "e4m3x2" in ptx[False] and "e4m3x2" not in ptx[True]
     bias = "0x3b803b80"  # fp4_ptx: (b + 119) << 7 in both bf16 halves

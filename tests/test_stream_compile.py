@@ -132,7 +132,8 @@ def test_bad_configs_rejected():
         dict(n=4096, k=4096, ctas=-1),
         dict(n=4096, k=4096, act_order="pair"),  # pair order: grouped problems only
         dict(n=4096, k=4096, grouped=True, act_order="kperm"),  # the WGMMA family's order
-        dict(n=4096, k=4096, pdl=True),  # launch overlap: the MoE chain's grouped GEMMs only
+        dict(n=4096, k=4096, overlap="after"),  # launch overlap: the MoE's grouped GEMMs only
+        dict(n=4096, k=4096, grouped=True, overlap="beside"),  # WGMMA tiles only
         # tma2d: dense, non-SwiGLU, one CTA per item, even warps_k
         dict(n=4096, k=4096, tma2d=True, epilogue="swiglu"),
         dict(n=4096, k=4096, tma2d=True, grouped=True),

@@ -58,10 +58,10 @@ WGMMA_CASES = [(18432, 7168, 128, 128, 3, 4, 1), (7168, 18432, 128, 128, 2, 4, 1
                *[(n, k, m, bm, 1, 4, 3, dict(scale_ahead=True))
                  for n, k, m, bm in ((18432, 7168, 16, 16), (7168, 18432, 13, 16),
                                      (7168, 18432, 29, 32), (4096, 4224, 16, 16))],
-               (18432, 7168, 16, 16, 1, 4, 3, dict(scale_ahead=True, pdl=True)),
-               (7168, 18432, 29, 32, 1, 4, 3, dict(scale_ahead=True, pdl=True)),
-               (7168, 18432, 199, 128, 2, 4, 1, dict(pdl=True)),
-               (1024, 4096, 77, 128, 2, 4, 1, dict(pdl=True))]
+               (18432, 7168, 16, 16, 1, 4, 3, dict(scale_ahead=True, overlap="after")),
+               (7168, 18432, 29, 32, 1, 4, 3, dict(scale_ahead=True, overlap="after")),
+               (7168, 18432, 199, 128, 2, 4, 1, dict(overlap="after")),
+               (1024, 4096, 77, 128, 2, 4, 1, dict(overlap="after"))]
 
 
 def test_wgmma_streamk_config_compiles_and_errors():

@@ -143,7 +143,7 @@ def test_launch_overlap_waits(block_m, tmp_path):
         counts[pdl] = [text.count(f"griddepcontrol.{op};") for op in ("wait", "launch_dependents")]
     assert counts == {False: [0, 0], True: [3, 1]}
     with pytest.raises(ValueError):
-        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, pdl=True)  # dense: no
+        w4a16_wgmma.WgmmaConfig(4096, 4096, "none", block_m=128, overlap="after")  # dense: no
 
 
 def test_flexible_width_configs():

@@ -513,7 +513,7 @@ def _streamk_fields(n, k, block_m, epilogue, grouped, m_tiles, family) -> dict |
     if items * (k // 64) < STREAMK_MIN_K_TILES * NUM_SMS * per_sm:
         return None
     return dict(row_wgs=row_wgs, split_k=1, stages=STREAMK_STAGES, streamk=per_sm,
-                scale_ahead=block_m <= 32, pdl=True)
+                scale_ahead=block_m <= 32, overlap="after")
 
 
 def _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family) -> dict | None:
@@ -594,7 +594,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         if family == _STREAM:
             fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx)
             if grouped:
-                flags["pdl"] = chained
+                flags["overlap"] = "after" if chained else "none"
             elif wfrag:
                 flags["tma2d"] = _tma2d(fields, n, k, epilogue, grouped)
         elif family == _MMA:
@@ -603,7 +603,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
             fields = _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped,
                                    None if permuted else m_tiles)
             if grouped and permuted:
-                flags["pdl"] = chained
+                flags["overlap"] = "after" if chained else "none"
             if grouped and flex and fields["row_wgs"] >= 2 and block_m in MOE_FLEX:
                 flags["flex"] = MOE_FLEX[block_m]
     if permuted:
@@ -748,8 +748,8 @@ def _hot_class(block_m: int, hidden_size: int, inter: int, permuted: bool) -> Ho
 
 
 def _sibling(plan: GemmPlan) -> GemmPlan:
-    """``plan`` launched beside the previous kernel (``WgmmaConfig.sibling``)."""
-    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, sibling=True))
+    """``plan`` launched beside the previous kernel (``overlap='beside'``)."""
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, overlap="beside"))
 
 
 # ---------------------------------------------------------------------------- reachability

@@ -32,10 +32,16 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 
 from nvfp4_ops.orders.kperm import NATURAL
 
-__all__ = ["EPILOGUES", "DirectLaunch", "GemmProblem", "clamped_swiglu", "compile_from_fakes",
-           "epilogue_value", "global_halves", "row_global"]
+__all__ = ["EPILOGUES", "LAUNCH_OVERLAPS", "DirectLaunch", "GemmProblem", "clamped_swiglu",
+           "compile_from_fakes", "epilogue_value", "global_halves", "row_global"]
 
 EPILOGUES = ("none", "swiglu", "row_scale")
+#: how a launch overlaps the previous kernel on the stream (a config's ``overlap``): ``none``;
+#: ``after`` (programmatic dependent launch: resident and streaming weights while the previous
+#: kernel finishes, waiting for it before reading its output); ``beside`` (as ``after``, but
+#: nothing waits before working: what it reads was complete before the previous kernel let it
+#: launch, and it writes rows the previous kernel does not; CTA 0 waits at its end)
+LAUNCH_OVERLAPS = ("none", "after", "beside")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,17 @@ class GemmProblem:
         """K values per byte of ``w_scale``: 16 (e4m3 block scales), or 32 for a config whose
         family has a true ``mx`` field (MXFP4's UE8M0 scales)."""
         return 32 if getattr(self, "mx", False) else 16
+
+    @property
+    def pdl(self) -> bool:
+        """Launched with programmatic dependent launch (``overlap`` ``after`` or ``beside``)."""
+        return getattr(self, "overlap", "none") != "none"
+
+    @property
+    def sibling(self) -> bool:
+        """Launched beside the previous kernel (``overlap`` ``beside``): no thread waits before
+        working, CTA 0 waits at the end."""
+        return getattr(self, "overlap", "none") == "beside"
 
     @property
     def permuted(self) -> bool:
@@ -211,7 +228,7 @@ class DirectLaunch:
             block=[self.threads, 1, 1],
             smem=self.launch_smem,
             stream=stream,
-            use_pdl=bool(getattr(cfg, "pdl", 0)),
+            use_pdl=cfg.pdl,
         )
 
 

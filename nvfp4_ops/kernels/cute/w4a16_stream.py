@@ -208,9 +208,10 @@ class StreamConfig(GemmProblem):
     #: kperm`: the B fragment is the loaded words, no ``prmt``; a SwiGLU output is written in
     #: that order too, the MoE's GEMM 1 feeding GEMM 2; grouped problems only)
     act_order: str = NATURAL
-    #: programmatic dependent launch, the producer streaming weights before the previous
-    #: kernel has finished (module docstring, "Launch overlap"); grouped problems only
-    pdl: bool = False
+    #: launch overlap: ``none`` or ``after`` (programmatic dependent launch, the producer
+    #: streaming weights before the previous kernel has finished: module docstring, "Launch
+    #: overlap"; grouped problems only)
+    overlap: str = "none"
     #: how the weight codes are stored: CHECKPOINT; WPERM (the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.orders.wperm`: a cheaper decode, bitwise the same MMAs); or WFRAG (the
     #: fragment order of :mod:`nvfp4_ops.orders.wfrag` with those bits, natural activations:
@@ -249,8 +250,10 @@ class StreamConfig(GemmProblem):
             raise ValueError(f"stages must be in [2, 8], got {self.stages}")
         if not 1 <= self.warps_k <= 8:
             raise ValueError(f"warps_k must be in [1, 8], got {self.warps_k}")
+        if self.overlap not in ("none", "after"):
+            raise ValueError(f"overlap must be 'none' or 'after', got {self.overlap!r}")
         if self.pdl and not self.grouped:
-            raise ValueError("pdl (launch overlap) is for grouped problems only")
+            raise ValueError("launch overlap is for grouped problems only")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0, got {self.ctas}")
         if self.tma2d and not self.tma2d_allowed:

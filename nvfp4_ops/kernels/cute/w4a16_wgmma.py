@@ -147,6 +147,7 @@ from nvfp4_ops.kernels.cute.fp4_ptx import (
 )
 from nvfp4_ops.kernels.cute.gemm_interface import (
     EPILOGUES,
+    LAUNCH_OVERLAPS,
     GemmProblem,
     clamped_swiglu,
     compile_from_fakes,
@@ -217,17 +218,17 @@ class WgmmaConfig(GemmProblem):
     #: each lane then decodes its own 4 checkpoint bytes per row and 32 k with the ``pair4``
     #: decoder (one 4-byte shared load and one block scale) instead of gathering bytes from 16
     act_order: str = NATURAL
-    #: programmatic dependent launch (grouped: the MoE chain; dense stream-K tiles): the
-    #: producer streams the first stages' weights before ``griddepcontrol.wait``, activations
-    #: only after it; the consumers wait before they touch anything else, then let the next
-    #: kernel launch (the ordering argument is in ``moe_cuda``'s docstring, "Launch overlap")
-    pdl: bool = False
-    #: (with ``pdl``, grouped) the launch runs beside the previous kernel instead of after it:
-    #: what it reads was complete when the previous kernel let it launch, and it writes rows
-    #: the previous kernel does not touch (the MoE's base-tile GEMM after its hot-tile GEMM,
-    #: ``moe_cuda``, "Two token tiles"). So no thread waits before working; CTA 0 waits at
-    #: its end, so the grid still completes only after the previous one
-    sibling: bool = False
+    #: launch overlap (:data:`~nvfp4_ops.kernels.cute.gemm_interface.LAUNCH_OVERLAPS`):
+    #: ``after`` (grouped: the MoE chain; dense stream-K tiles): programmatic dependent launch,
+    #: the producer streams the first stages' weights before ``griddepcontrol.wait``,
+    #: activations only after it; the consumers wait before they touch anything else, then let
+    #: the next kernel launch (the ordering argument is in ``moe_cuda``'s docstring, "Launch
+    #: overlap"). ``beside`` (grouped): the launch runs beside the previous kernel instead of
+    #: after it: what it reads was complete when the previous kernel let it launch, and it
+    #: writes rows the previous kernel does not touch (the MoE's base-tile GEMM after its
+    #: hot-tile GEMM, ``moe_cuda``, "Two token tiles"). So no thread waits before working;
+    #: CTA 0 waits at its end, so the grid still completes only after the previous one
+    overlap: str = "none"
     #: how the weight codes are stored: CHECKPOINT; WPERM (the ``wperm`` bit order of
     #: :mod:`nvfp4_ops.orders.wperm`, ``kperm`` tiles only: the ``pair4`` path); or WFRAG (the
     #: fragment order of :mod:`nvfp4_ops.orders.wfrag` with those bits, natural activations:
@@ -283,10 +284,12 @@ class WgmmaConfig(GemmProblem):
             raise ValueError(f"N_out={self.n_out} must be a multiple of {self.features_per_cta}")
         if self.num_stages < 2:
             raise ValueError(f"{self.name}: fewer than 2 pipeline stages fit in shared memory")
+        if self.overlap not in LAUNCH_OVERLAPS:
+            raise ValueError(f"overlap must be one of {LAUNCH_OVERLAPS}, got {self.overlap!r}")
         if self.pdl and not (self.grouped or self.streamk):
-            raise ValueError("pdl (launch overlap) is for grouped problems and stream-K tiles")
-        if self.sibling and not (self.pdl and self.grouped and not self.streamk):
-            raise ValueError("sibling is for grouped launch-overlap (pdl) problems")
+            raise ValueError("launch overlap is for grouped problems and stream-K tiles")
+        if self.sibling and not (self.grouped and not self.streamk):
+            raise ValueError("overlap='beside' is for grouped problems")
         if self.k < 2 * BLOCK_K * self.split_k:
             raise ValueError(f"K={self.k} too small: each k slice needs >= 2 tiles of {BLOCK_K}")
         if self.split_k > 1 and 2 * (self.split_k - 1) * self.row_wgs > self.num_stages:
