@@ -24,22 +24,6 @@ class MoEShape:
     routed_scaling_factor: float
     swiglu_limit: float
 
-    def gemm_problems(self, include_moe: bool = True) -> list[tuple[int, int, str, bool]]:
-        """The W4A16 GEMMs of the layer as ``(N, K, epilogue, grouped)``: the shared-expert
-        MLP (gate/up with SwiGLU, down) and, with ``include_moe``, the routed experts' grouped
-        gate/up (SwiGLU) and down (router weight as ``row_scale``)."""
-        out = [(2 * self.shared_intermediate, self.hidden, "swiglu", False),
-               (self.hidden, self.shared_intermediate, "none", False)]
-        if include_moe:
-            out += [(2 * self.intermediate, self.hidden, "swiglu", True),
-                    (self.hidden, self.intermediate, "row_scale", True)]
-        return out
-
-    @property
-    def bytes_per_expert(self) -> int:
-        """NVFP4 bytes of one routed expert: 3 H I (0.5 + 1/16 scale bytes per weight)."""
-        return 3 * self.hidden * self.intermediate * 9 // 16
-
 
 SHAPES: dict[str, MoEShape] = {
     s.name: s

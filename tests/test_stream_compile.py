@@ -24,7 +24,13 @@ def _problems():
     """(n, k, epilogue, grouped) of every GEMM the shapes reach."""
     out = []
     for name in ("v4-flash", "v4-pro"):
-        out += get_shape(name).gemm_problems()
+        s = get_shape(name)
+        # the shared-expert MLP (gate/up with SwiGLU, down) and the routed experts' grouped
+        # gate/up (SwiGLU) and down (router weight as row_scale)
+        out += [(2 * s.shared_intermediate, s.hidden, "swiglu", False),
+                (s.hidden, s.shared_intermediate, "none", False),
+                (2 * s.intermediate, s.hidden, "swiglu", True),
+                (s.hidden, s.intermediate, "row_scale", True)]
     out += [(n, k, "none", False) for n, k in LINEAR]
     return out
 
