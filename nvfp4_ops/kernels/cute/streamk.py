@@ -152,7 +152,7 @@ class StreamKTiles:
         t_sb, t_gb, t_sw, t_gw = self.tma_views(tma_b, m_b, tma_w, m_w, s_b, s_w, None)
         sub = self.sub
         t_ss = t_gs = None
-        if const_expr(sub > 1):
+        if const_expr(sub > 1 and not self.cfg.scale_ahead):
             g_s = cute.local_tile(m_s, (self.box_rows, 16), (None, None))
             t_ss, t_gs = cpasync.tma_partition(
                 tma_s, 0, cute.make_layout(1), cute.group_modes(s_s, 0, 2),

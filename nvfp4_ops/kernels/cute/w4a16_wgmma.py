@@ -456,8 +456,9 @@ class W4A16WgmmaGemm(StreamKTiles):
             cpasync.CopyBulkTensorTileG2SOp(), w2, box_layout, (self.box_rows, wb)
         )
         extra = ()
-        if const_expr(self.sub > 1):
+        if const_expr(self.sub > 1 and not cfg.scale_ahead):
             # block scales as one [G*N, K/16] byte matrix: a 16-byte box per row and stage
+            # (scale_ahead copies them with cp.async instead: no TMA descriptor to encode)
             s2 = cute.make_tensor(
                 w_scale.iterator,
                 cute.make_layout((w.shape[0] * cfg.n, cfg.k // 16), stride=(cfg.k // 16, 1)),
@@ -481,7 +482,10 @@ class W4A16WgmmaGemm(StreamKTiles):
             # as many CTAs as the scratch has two partial slots for
             # (nvfp4_ops.kernels.linear_cuda.streamk_workspace)
             grid = [scratch.shape[0] // (2 * cfg.partial_len), 1, 1]
-            # (128-k stages: ``extra`` holds the scale TMA atom and its tensor)
+            # (128-k stages: ``extra`` holds the scale TMA atom and its tensor, unless the
+            # scales are copied a stage ahead)
+            if const_expr(cfg.scale_ahead):
+                extra = (None, None)
             extra = (*extra, None, counters, scratch)
         if const_expr(cfg.flex):
             extra = (None, None, tile_rows)
