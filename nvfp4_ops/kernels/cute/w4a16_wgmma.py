@@ -185,7 +185,9 @@ BLOCK_K = 64
 SMEM_BUDGET = 227 * 1024 - 1024
 #: dense ``(block_m, row_wgs, split_k)`` tiles with split-K or more than two consumer
 #: warpgroups that ran exact on an H200 (``nvfp4_ops/kernels/DESIGN.md``, "WGMMA tiles");
-#: other such tiles are refused: a wrong register split there can hang the GPU.
+#: other such tiles are refused: a wrong register split there can hang the GPU. The dispatch
+#: picks from ``dispatch.DENSE_TILES``; ``(128, 1, 4)`` and ``(64, 1, 2)`` stay valid for the
+#: tile tools (``benchmarks/dev/profile_gemm.py wgmma``) and the tests that compile them.
 VERIFIED_MULTI = frozenset({(128, 1, 2), (128, 1, 4), (128, 2, 2), (128, 4, 1), (256, 1, 2),
                             (64, 1, 2), (128, 3, 1)})
 #: grouped (MoE) ``(block_m, row_wgs, split_k)`` tiles of more than two consumer warpgroups
