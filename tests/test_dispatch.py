@@ -365,3 +365,48 @@ def test_plans_are_frozen_and_configs_built_once():
         7168, 18432, 16, order=W.WFRAG)
     assert plan.streamk and plan.weight_order is W.WFRAG and plan.act_order == "natural"
     assert D.plan_of_config(plan.config) == plan
+
+
+#: kernel-config fields no reachable plan sets away from their default, and why they stay
+CONFIG_FIELDS_NOT_DISPATCHED = {
+    "arch": "the compile target; sm_90a is the only one built (the field keys the cache)",
+}
+
+
+def test_every_config_field_is_set_by_some_reachable_plan():
+    """The house rule "no dead options": each option of the three kernel configs (the fields
+    after the problem's own, :class:`GemmProblem`) takes a value other than its default in some
+    plan the dispatch reaches (the V4 shapes and the tiny one
+    in every weight order the ops accept, MXFP4 included, and dense linears with and without
+    bias: K % 512 == 256 and N_out % 64 != 0 reach the fallback tiles), or is listed in
+    CONFIG_FIELDS_NOT_DISPATCHED with its reason."""
+    import dataclasses
+
+    from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
+    from nvfp4_ops.kernels.cute.gemm_interface import GemmProblem
+    from nvfp4_ops.shapes import get_shape
+
+    linears, mlps, moes = [], [], []
+    for name in ("v4-flash", "v4-pro", "tiny"):
+        s = get_shape(name)
+        mlps += [(s.hidden, s.shared_intermediate, order) for order in (W.CHECKPOINT, W.WFRAG)]
+        moes.append((s.hidden, s.intermediate, W.CHECKPOINT, False))
+        if D.moe_wperm_supported(s.hidden, s.intermediate):
+            moes.append((s.hidden, s.intermediate, W.WPERM, False))
+        if D.moe_mx_supported(s.hidden, s.intermediate):
+            moes.append((s.hidden, s.intermediate, W.WPERM, True))
+    for n, k in ((7168, 18432), (18432, 7168), (4096, 1280), (96, 1024)):
+        linears += [(n, k, bias, order) for bias in (False, True)
+                    for order in (W.CHECKPOINT, W.WFRAG)]
+    plans = D.reachable_plans(linears=linears, mlps=mlps, moes=moes)
+    problem = {f.name for f in dataclasses.fields(GemmProblem)}
+    dead = []
+    for cls in (w4a16_stream.StreamConfig, w4a16_gemm.GemmConfig, w4a16_wgmma.WgmmaConfig):
+        reached = [p.config for p in plans if type(p.config) is cls]
+        assert reached, cls.__name__
+        for field in dataclasses.fields(cls):
+            if field.name in problem or field.name in CONFIG_FIELDS_NOT_DISPATCHED:
+                continue
+            if {getattr(c, field.name) for c in reached} <= {field.default}:
+                dead.append(f"{cls.__name__}.{field.name}")
+    assert not dead, f"config fields no reachable plan sets: {dead}"

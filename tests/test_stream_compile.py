@@ -84,11 +84,9 @@ def test_variant_compiles_for_sm90a(cfg, tmp_path):
 
 
 def test_bias_tiles_persistent_compile():
-    """Paths no plan above takes: the bias epilogue, 16-token tiles, persistent CTAs (grouped
-    and dense)."""
+    """Paths no plan above takes: the bias epilogue, persistent CTAs (grouped and dense)."""
     cfg_type = w4a16_stream.StreamConfig
     for cfg in (_stream(4096, 4096, "none", has_bias=True),
-                cfg_type(4096, 4096, "swiglu", False, True, 16),
                 cfg_type(4096, 4096, "swiglu", False, True, 8, 4, 2, 3, ctas=396),
                 cfg_type(4096, 2048, "row_scale", False, True, 8, 2, 2, 2, ctas=792),
                 cfg_type(7168, 18432, "none", False, False, 8, 4, 2, 4, ctas=264)):
@@ -132,6 +130,7 @@ def test_bad_configs_rejected():
     bad = [
         dict(n=4096, k=4096 + 128),  # K not a multiple of the 1024-k chunk
         dict(n=4096, k=4096, block_m=64),  # prefill tiles are w4a16_gemm's
+        dict(n=4096, k=4096, block_m=16),  # 16 tokens: WGMMA or mma.sync
         dict(n=4096, k=4096, epilogue="swiglu", has_bias=True),
         dict(n=4096, k=4096, stages=12),
         dict(n=4104, k=4096),  # N % 16

@@ -166,8 +166,9 @@ __all__ = [
     "supported",
 ]
 
-#: token tiles (decode sizes; the dispatch runs it at 8)
-BLOCK_MS = (8, 16, 32)
+#: token tiles: 8 (decode). A second 8-token column doubles the MMAs and activation loads
+#: per decoded word, and at 16 tokens the MoE was faster on WGMMA (DESIGN.md, section 2)
+BLOCK_MS = (8,)
 #: bytes of shared memory an sm_90 CTA may use (227 KB)
 _SMEM_LIMIT = 227 * 1024
 _BAR_BYTES = 128  # full[8] + empty[8] mbarriers
