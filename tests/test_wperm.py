@@ -158,8 +158,9 @@ def test_moe_with_wperm_weights_is_bitwise_the_same():
 
 
 def test_wperm_dispatch():
-    """Which configs read wperm: the MoE's GEMMs at V4 sizes at every tile; dense WGMMA and
-    mma.sync configs refuse it; the compile set has a wperm twin of each MoE GEMM config."""
+    """Which configs read wperm: the MoE's GEMMs at V4 sizes at every tile; dense configs
+    refuse it alone (dense weights take it with the fragment order); the compile set has a
+    wperm twin of each MoE GEMM config."""
     pytest.importorskip("cutlass")
     from nvfp4_ops import _warmup, get_shape
     from nvfp4_ops.kernels.dispatch import WeightOrder, moe_wperm_supported, plan_gemm
@@ -174,7 +175,7 @@ def test_wperm_dispatch():
         assert cfg.order is WeightOrder.WPERM and cfg.name.endswith("_wp_sm_90a")
         assert cfg == dataclasses.replace(plan_gemm(4096, 4096, bm, **moe).config,
                                           order=WeightOrder.WPERM)
-    for bm in (16, 128):  # dense mma.sync (16) and WGMMA without kperm (128)
+    for bm in (8, 16, 128):  # dense: streamed (8), mma.sync (16), WGMMA without kperm (128)
         with pytest.raises(ValueError, match="no kernel reads wperm"):
             plan_gemm(4096, 4096, bm, m_tiles=1, order=WeightOrder.WPERM)
     plans = _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash"]))

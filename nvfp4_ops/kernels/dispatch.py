@@ -610,10 +610,11 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         flags["act_order"] = _PERMUTED_ORDER[family]
     if mx:
         flags["mx"] = True
-    if order.wperm_bits:
-        if not (family == _STREAM or wfrag or permuted):
-            raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
-                             f"block_m={block_m}, grouped={grouped}, permuted={permuted}")
+    # the wperm bits are read with the fragment order (dense) or the permuted activations
+    # (the MoE); no op passes dense weights in the wperm order alone
+    if order.wperm_bits and not (wfrag or permuted):
+        raise ValueError(f"no kernel reads wperm weights for N={n}, K={k}, "
+                         f"block_m={block_m}, grouped={grouped}, permuted={permuted}")
     config = _CONFIGS[family](n, k, epilogue, has_bias, grouped, block_m, **fields, **flags,
                               order=order)
     return GemmPlan(family, config)
