@@ -410,3 +410,21 @@ def test_every_config_field_is_set_by_some_reachable_plan():
             if {getattr(c, field.name) for c in reached} <= {field.default}:
                 dead.append(f"{cls.__name__}.{field.name}")
     assert not dead, f"config fields no reachable plan sets: {dead}"
+
+
+@pytest.mark.parametrize("num_tokens", [1, 512, 4096])
+def test_moe_plan_says_once_whether_the_chain_overlaps(num_tokens):
+    """``MoEPlan.chained`` is the one switch for the chain's launch overlap: the Triton kernels
+    follow it (``moe_forward``) and so does every GEMM whose family can overlap (``after``, or
+    ``beside`` for the base tile next to a hot one); without it nothing overlaps."""
+    flash = (num_tokens, 6, 256, 4096, 2048)
+    on, off = D.plan_moe(*flash), D.plan_moe(*flash, chained=False)
+    assert on.chained and not off.chained
+    for plan, want in ((on, {"after", "beside"}), (off, {"none"})):
+        gemms = [plan.gate_up, plan.down]
+        if plan.hot is not None:
+            gemms += [plan.hot.gate_up, plan.hot.down]
+        assert {g.config.overlap for g in gemms} <= want
+        assert all(g.config.pdl == plan.chained for g in gemms)
+    if on.hot is not None:  # the base GEMMs run beside the hot ones
+        assert on.gate_up.config.sibling and not on.hot.gate_up.config.sibling
