@@ -6,18 +6,19 @@ cell, the tables printed at the end and a PNG per shape and format (µs against 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
 
 from nvfp4_ops.shapes import get_shape
 from nvfp4_ops.testing import ep_slice
 
-__all__ = ["COLUMNS", "ROUTING_STYLES", "Report", "format_table", "num"]
+__all__ = ["COLUMNS", "ROUTING_STYLES", "Cell", "Report", "format_table", "num"]
 
 
-class Cell(Protocol):
-    """One measurement point of ``bench_moe.py``'s plan (its ``Cell``)."""
+@dataclass(frozen=True)
+class Cell:
+    """One measurement point of ``bench_moe.py``'s plan (every implementation is timed on the
+    same inputs); a report files one row per cell under :attr:`key`."""
 
     shape: str
     fmt: str
@@ -26,7 +27,8 @@ class Cell(Protocol):
     tokens: int
 
     @property
-    def key(self) -> str: ...
+    def key(self) -> str:
+        return f"ep{self.ep}/{self.routing}/T{self.tokens}"
 
 #: what each JSON row field means
 COLUMNS = {

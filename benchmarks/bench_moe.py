@@ -87,12 +87,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from _moe_peers import Bf16GroupedMoE, HummingMoE, humming_gemm_type, humming_modules
-from _moe_report import Report, num
+from _moe_report import Cell, Report, num
 from _timing import git_commit, l2_flush, time_chained, time_one_call
 
 import nvfp4_ops
@@ -135,21 +134,6 @@ def log(msg: str) -> None:
 
 
 # --- the plan and its time estimate -----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cell:
-    """One measurement point: every implementation is timed on the same inputs."""
-
-    shape: str
-    fmt: str
-    ep: int
-    routing: str
-    tokens: int
-
-    @property
-    def key(self) -> str:
-        return f"ep{self.ep}/{self.routing}/T{self.tokens}"
-
 
 def build_plan(args: argparse.Namespace) -> list[Cell]:
     """Cells in run order: shape, format, EP, routing, T (T ascending).
