@@ -10,9 +10,10 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
 * **ours**: ``nvfp4_ops.moe`` (routing, gather, both grouped GEMMs, combine: the whole op),
   with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
   (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
-  scales converted once by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes unchanged), or with
-  ``NVFP4_OPS_MXFP4_SCALES=native`` rebased by ``nvfp4_ops.mxfp4_kernel_scales`` (read by the
-  kernels' ``mx`` variants), and per-row global scales (``w13_global [E, 2I]``, ``w2_global
+  scales rebased once by ``nvfp4_ops.mxfp4_kernel_scales`` (read by the kernels' ``mx``
+  variants, as the glue keeps them where ``dispatch.moe_mx_supported(H, I)``), or with
+  ``NVFP4_OPS_MXFP4_SCALES=convert`` converted by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes
+  unchanged), and per-row global scales (``w13_global [E, 2I]``, ``w2_global
   [E, H]``).
 * **Humming** (``humming-kernels`` 0.1.19, what vLLM 0.33 pins and tries first on SM90 for
   NVFP4 and MXFP4 MoE): weights converted as vLLM converts ModelOpt-NVFP4 / MXFP4 expert
@@ -336,6 +337,14 @@ def wperm_supported(hidden: int, inter: int) -> bool:
     return dispatch.moe_wperm_supported(hidden, inter)
 
 
+def mx_supported(hidden: int, inter: int) -> bool:
+    """Whether the MoE kernels read MXFP4 scales natively at these sizes (where the vLLM glue
+    keeps them by default)."""
+    from nvfp4_ops.kernels import dispatch
+
+    return dispatch.moe_mx_supported(hidden, inter)
+
+
 def precompile(shapes: list[str], jobs: int) -> None:
     """Compile every CuTeDSL variant the shapes reach in ``jobs`` worker processes, into the
     disk cache (``python -m nvfp4_ops precompile``'s parallel pass), so that
@@ -571,15 +580,18 @@ class GPUBench:
         wperm = wperm_supported(h, i)
         form = ""
         if fmt == "mxfp4":
-            # NVFP4_OPS_MXFP4_SCALES=native: the kernels' UE8M0 form, else NVFP4 scales
+            # the kernels' UE8M0 form where the glue would keep it (NVFP4_OPS_MXFP4_SCALES
+            # auto on CUDA at mx sizes, or native), else NVFP4 scales
             from nvfp4_ops import _env
 
             native = _env.mxfp4_native()
+            if native is None:
+                native = mx_supported(h, i)
             name = "mxfp4_kernel_scales" if native else "mxfp4_to_nvfp4"
             convert = getattr(nvfp4_ops, name, None)
             if convert is None:
                 return {}, f"nvfp4_ops.{name} is not in this tree"
-            form = (", UE8M0 scales read natively (NVFP4_OPS_MXFP4_SCALES=native)" if native
+            form = (", UE8M0 scales read natively" if native
                     else ", scales converted to NVFP4's")
             for base in bases:  # once per tensor, before the codes are permuted
                 for name in ("w13", "w2"):

@@ -31,23 +31,27 @@ and one UE8M0 scale byte per 32 k, no global scale):
 parameter              dtype              shape             after process_weights_after_...
 =====================  =================  ================  ===============================
 ``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows [*]
-``w13_weight_scale``   ``uint8`` (e8m0)   ``[E, 2I, H/32]`` -> ``float8_e4m3fn [E, 2I, H/16]``
+``w13_weight_scale``   ``uint8`` (e8m0)   ``[E, 2I, H/32]`` -> ``float8_e8m0fnu [E, 2I, H/32]``
+                                                            (CPU: ``float8_e4m3fn [E, 2I, H/16]``)
 (new)                                                       ``w13_weight_global f32 [E, 2I]``
 ``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept [*]
-``w2_weight_scale``    ``uint8`` (e8m0)   ``[E, H, I/32]``  -> ``float8_e4m3fn [E, H, I/16]``
+``w2_weight_scale``    ``uint8`` (e8m0)   ``[E, H, I/32]``  -> ``float8_e8m0fnu [E, H, I/32]``
+                                                            (CPU: ``float8_e4m3fn [E, H, I/16]``)
 (new)                                                       ``w2_weight_global f32 [E, H]``
 =====================  =================  ================  ===============================
 
-MXFP4 codes are NVFP4 codes, so they stay where the loader put them; the scales are converted
-**exactly** by ``nvfp4::mxfp4_to_nvfp4`` (one power-of-two global scale per weight row, e4m3
-power-of-two block scales per 16; the dequantized weights are bitwise the MXFP4 ones) and the
-e8m0 tensors are freed. A row whose non-zero blocks span more than 18 binades cannot be held
-this way and stops loading with an error naming the layer, the tensor, the row and the block.
-With ``NVFP4_OPS_MXFP4_SCALES=native`` the scales stay one UE8M0 byte per 32 k instead,
-rebased per row by ``nvfp4::mxfp4_kernel_scales`` (``float8_e8m0fnu`` of the same shape, and
-the same per-row global scales), which the MoE kernels read as they are.
-The e8m0 scales start as 0xFF (the UE8M0 NaN code), so a scale the checkpoint never provided
-fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
+MXFP4 codes are NVFP4 codes, so they stay where the loader put them. On CUDA, at the sizes the
+MoE kernels read MXFP4 scales at (``nvfp4_ops.prepare.moe_mx_supported``: V4-Flash and V4-Pro),
+the scales stay one UE8M0 byte per 32 k, rebased per row by ``nvfp4::mxfp4_kernel_scales``
+(``float8_e8m0fnu`` of the same shape plus one power-of-two global scale per row), which the
+kernels read as they are. Elsewhere (and with ``NVFP4_OPS_MXFP4_SCALES=convert``) they are
+converted by ``nvfp4::mxfp4_to_nvfp4`` (the same per-row global scales, e4m3 power-of-two block
+scales per 16). Both are **exact** (the dequantized weights are bitwise the MXFP4 ones) and
+free the e8m0 tensors; the two forms give bitwise the same output. A row whose non-zero blocks
+span more than 126 binades (converted: 18) cannot be held and stops loading with an error
+naming the layer, the tensor, the row and the block. The e8m0 scales start as 0xFF (the UE8M0
+NaN code), so a scale the checkpoint never provided fails the conversion loudly instead of
+running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
 ``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
 
 [*] On CUDA, where the MoE kernels read it (``nvfp4_ops.prepare.moe_wperm_supported``: V4-Flash
@@ -303,14 +307,15 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
         layer.w2_weight_scale.data.fill_(UE8M0_NAN)
 
     def process_weights_after_loading(self, layer) -> None:
-        """Convert the e8m0 scales to NVFP4 block scales (or, with
-        ``NVFP4_OPS_MXFP4_SCALES=native``, to the kernels' UE8M0 form) plus per-row global
-        scales (exact; the checkpoint's e8m0 tensors are freed), then prepare the codes as the
-        NVFP4 method does.
+        """Rebase the e8m0 scales into the kernels' UE8M0 form (or convert them to NVFP4
+        block scales: :func:`nvfp4_ops.prepare_mxfp4_moe`) plus per-row global scales (exact;
+        the checkpoint's e8m0 tensors are freed), then prepare the codes as the NVFP4 method
+        does.
 
         Raises:
             nvfp4_ops.NVFP4InputError: a NaN (or never loaded) scale, or a weight row whose
-                non-zero blocks span more than 18 binades; the message names the layer, the
+                non-zero blocks span more than the form holds (126 binades native, 18
+                converted); the message names the layer, the
                 parameter, the row (local expert, row) and the block.
         """
         where = self._where(layer, "MXFP4")

@@ -42,9 +42,11 @@ Variable                                   Accepted values (default first)
 ``NVFP4_OPS_MXFP4``                        boolean, default on: the glue runs DeepSeek's
                                            MXFP4 routed experts on ``nvfp4::moe`` (off:
                                            vLLM's own MXFP4 method)
-``NVFP4_OPS_MXFP4_SCALES``                 ``convert`` | ``native``: MXFP4 scales prepared
-                                           as NVFP4's (e4m3 per 16 k) or kept as UE8M0 per
-                                           32 k, which the MoE kernels read natively
+``NVFP4_OPS_MXFP4_SCALES``                 ``auto`` | ``convert`` | ``native``: MXFP4 scales
+                                           kept as UE8M0 per 32 k, which the MoE kernels read
+                                           natively, or prepared as NVFP4's (e4m3 per 16 k);
+                                           auto: native on CUDA at the sizes the ``mx``
+                                           kernels cover, converted elsewhere
                                            (:func:`nvfp4_ops.prepare_mxfp4_moe`)
 =========================================  ================================================
 
@@ -213,12 +215,14 @@ def backend() -> str:
     return choice(BACKEND, ("auto", "reference"), "auto")
 
 
-def mxfp4_native() -> bool:
-    """``NVFP4_OPS_MXFP4_SCALES``: False for ``convert`` (the default: MXFP4 scales prepared as
-    NVFP4's), True for ``native`` (kept as UE8M0 per 32 k, read by the MoE kernels as they
-    are).
+def mxfp4_native() -> bool | None:
+    """``NVFP4_OPS_MXFP4_SCALES``: None for ``auto`` (the default: native where the MoE
+    kernels read the sizes on CUDA, decided by :func:`nvfp4_ops.prepare_mxfp4_moe`), False for
+    ``convert`` (MXFP4 scales prepared as NVFP4's), True for ``native`` (kept as UE8M0 per
+    32 k, read by the MoE kernels as they are).
 
     Raises:
         NVFP4EnvError: any other value.
     """
-    return choice(MXFP4_SCALES, ("convert", "native"), "convert") == "native"
+    value = choice(MXFP4_SCALES, ("auto", "convert", "native"), "auto")
+    return None if value == "auto" else value == "native"

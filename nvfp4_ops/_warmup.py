@@ -63,9 +63,9 @@ class MoELayer:
 def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> list:
     """The layers of the named shapes in every weight order the glue may prepare: the shared
     expert (checkpoint order and ``wfrag``) and, with ``include_moe``, the routed experts
-    (checkpoint order, and ``wperm`` where the MoE kernels read it; with
-    ``NVFP4_OPS_MXFP4_SCALES=native`` also ``wperm`` with MXFP4 scales, as the glue prepares
-    DeepSeek's own checkpoints then)."""
+    (checkpoint order, and ``wperm`` where the MoE kernels read it; unless
+    ``NVFP4_OPS_MXFP4_SCALES=convert``, also ``wperm`` with MXFP4 scales, as the glue prepares
+    DeepSeek's own checkpoints on CUDA)."""
     from nvfp4_ops import _env
     from nvfp4_ops.shapes import get_shape
 
@@ -77,7 +77,7 @@ def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> lis
         if include_moe:
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k))
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k, wperm=True))
-            if _env.mxfp4_native():
+            if _env.mxfp4_native() is not False:  # auto or native (skipped where unread)
                 layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k,
                                        wperm=True, mx=True))
     return layers

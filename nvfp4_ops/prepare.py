@@ -155,9 +155,10 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             ``float8_e8m0fnu``) ``[E, 2I, H/32]``; w2: ``uint8 [E, H, I/2]``; w2_scale:
             ``[E, H, I/32]``.
         wperm, where: as :func:`prepare_moe`.
-        native: keep UE8M0 scales (None: ``NVFP4_OPS_MXFP4_SCALES``, default ``convert``).
-            On CUDA this needs :func:`moe_mx_supported` sizes
-            (V4-Flash and V4-Pro: yes).
+        native: keep UE8M0 scales; on CUDA this needs :func:`moe_mx_supported` sizes
+            (V4-Flash and V4-Pro: yes). None: ``NVFP4_OPS_MXFP4_SCALES``, whose default
+            ``auto`` keeps them on CUDA tensors of those sizes and converts elsewhere (the CPU
+            reference reads both forms, and gives bitwise the same result from either).
         names: how a conversion error names the two scale tensors (after ``where``), e.g.
             the parameter names of the caller's module.
 
@@ -175,8 +176,11 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
     """
     if native is None:
         native = _env.mxfp4_native()
-    if native and w13.is_cuda and w13.dim() == w2.dim() == 3:  # (bad shapes: named below)
-        hidden_size, inter = w2.shape[1], w13.shape[1] // 2
+    shaped = w13.dim() == w2.dim() == 3  # (bad shapes: named by the conversion below)
+    hidden_size, inter = (w2.shape[1], w13.shape[1] // 2) if shaped else (0, 0)
+    if native is None:  # auto: fewer scale bytes where the kernels read them
+        native = w13.is_cuda and shaped and moe_mx_supported(hidden_size, inter)
+    if native and w13.is_cuda and shaped:
         if not moe_mx_supported(hidden_size, inter):
             raise NVFP4InputError(
                 f"{where}: native MXFP4 scales at H={hidden_size}, I={inter} have no kernel "

@@ -131,7 +131,7 @@ def test_precompile_bad_mxfp4_switch_is_one_line(capsys, monkeypatch):
 
     monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "ue8m0")
     line = _one_line_error(capsys, precompile.main, ["--shape", "tiny", "--no-run"])
-    assert "NVFP4_OPS_MXFP4_SCALES must be 'convert' or 'native', got 'ue8m0'" in line
+    assert "NVFP4_OPS_MXFP4_SCALES must be 'auto', 'convert' or 'native', got 'ue8m0'" in line
 
 
 def test_argument_errors_exit_2_from_the_command_line():

@@ -75,7 +75,7 @@ def nvfp4_shape(name):
 
 #: the MoE's MXFP4 variants (UE8M0 scales per 32 k, ``mx``): every plan of both shapes on
 #: ``wperm`` weights, as the glue prepares DeepSeek's checkpoints with
-#: ``NVFP4_OPS_MXFP4_SCALES=native``
+#: ``NVFP4_OPS_MXFP4_SCALES=auto`` (the default) on CUDA
 MX_PLANS = _warmup.plans_for([
     _warmup.MoELayer(s.experts, s.hidden, s.intermediate, s.top_k, wperm=True, mx=True)
     for s in (nvfp4_shape("v4-flash"), nvfp4_shape("v4-pro"))])

@@ -404,3 +404,21 @@ def test_prepare_native_on_cuda(flash):
         nvfp4_ops.prepare_mxfp4_moe(codes, scale, down, torch.full(
             (2, 256, 4), 127, dtype=torch.uint8, device="cuda"), native=True, where="layer 3")
     assert torch.equal(codes, before)
+
+
+def test_prepare_auto_on_cuda(flash, monkeypatch):
+    """``NVFP4_OPS_MXFP4_SCALES`` unset (``auto``, what the glue runs): CUDA tensors at sizes
+    the ``mx`` kernels read keep UE8M0 scales (bitwise ``native=True``'s form); sizes they do
+    not read are converted to NVFP4's scales instead of refused."""
+    monkeypatch.delenv("NVFP4_OPS_MXFP4_SCALES", raising=False)
+    w13, w2 = flash.w13.clone(), flash.w2.clone()
+    s13, g13, s2, g2, wperm = nvfp4_ops.prepare_mxfp4_moe(w13, flash.s13, w2, flash.s2)
+    assert wperm and s13.dtype == s2.dtype == torch.float8_e8m0fnu
+    assert torch.equal(s13.view(torch.uint8), flash.n13.view(torch.uint8))
+    codes = torch.full((2, 256, 128), 0x21, dtype=torch.uint8, device="cuda")  # H = 256, I = 128
+    down = torch.full((2, 256, 64), 0x21, dtype=torch.uint8, device="cuda")
+    scale13 = torch.full((2, 256, 8), 127, dtype=torch.uint8, device="cuda")
+    scale2 = torch.full((2, 256, 4), 127, dtype=torch.uint8, device="cuda")
+    s13, _, s2, _, _ = nvfp4_ops.prepare_mxfp4_moe(codes, scale13, down, scale2)
+    assert s13.dtype == s2.dtype == torch.float8_e4m3fn
+    assert s13.shape == (2, 256, 16) and s2.shape == (2, 256, 8)

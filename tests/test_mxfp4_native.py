@@ -252,6 +252,9 @@ def test_prepare_native_and_the_switch(monkeypatch):
     assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[2].dtype == E8M0
     monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "convert")
     assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[0].dtype == torch.float8_e4m3fn
+    for auto in ("", "AUTO"):  # auto (the default) converts CPU tensors
+        monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", auto)
+        assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[0].dtype == torch.float8_e4m3fn
     monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "ue8m0")
     with pytest.raises(nvfp4_ops.NVFP4EnvError, match="NVFP4_OPS_MXFP4_SCALES must be"):
         nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)
@@ -260,11 +263,12 @@ def test_prepare_native_and_the_switch(monkeypatch):
 def test_warmup_layers_follow_the_switch(monkeypatch):
     from nvfp4_ops import _warmup
 
-    monkeypatch.delenv("NVFP4_OPS_MXFP4_SCALES", raising=False)
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "convert")
     assert not any(getattr(x, "mx", False) for x in _warmup.layers_for_shapes(["v4-flash"]))
-    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "native")
-    layers = _warmup.layers_for_shapes(["v4-flash"])
-    assert [x.wperm for x in layers if isinstance(x, nvfp4_ops.MoELayer) and x.mx] == [True]
+    for value in ("native", "auto", ""):  # the MXFP4 variants unless scales are converted
+        monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", value)
+        layers = _warmup.layers_for_shapes(["v4-flash"])
+        assert [x.wperm for x in layers if isinstance(x, nvfp4_ops.MoELayer) and x.mx] == [True]
     names = {p.config.name for p in _warmup.plans_for(layers)}
     s = nvfp4_ops.get_shape("v4-flash")
     for t in (1, 8, 512, 4096):

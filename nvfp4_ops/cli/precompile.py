@@ -69,9 +69,9 @@ Fill the kernel disk cache for model shapes. On a CPU-only machine this compiles
 CuTeDSL variant the shapes can reach for sm_90a; with a (Hopper) GPU it also runs each once.
 Binaries land in the disk cache (NVFP4_OPS_CACHE_DIR, default ~/.cache/nvfp4_ops), so a later
 process loads them instead of compiling. --jobs N compiles in N worker processes first (each
-holds its own CuTeDSL toolchain, ~1 GB of memory); it needs the disk cache. With
-NVFP4_OPS_MXFP4_SCALES=native the MoE's MXFP4 variants (UE8M0 scales) are included, as the
-vLLM glue then prepares DeepSeek's own checkpoints."""
+holds its own CuTeDSL toolchain, ~1 GB of memory); it needs the disk cache. The MoE's MXFP4
+variants (UE8M0 scales, which the vLLM glue runs DeepSeek's own checkpoints on) are included
+unless NVFP4_OPS_MXFP4_SCALES=convert."""
 
 
 def _no_cache_reason() -> str:
@@ -108,7 +108,7 @@ def main(argv: list[str], prog: str = "python -m nvfp4_ops precompile") -> int:
         if run:
             _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
         folder = _compile.cache_dir()
-        mxfp4 = _env.mxfp4_native() and not args.no_moe
+        mxfp4 = _env.mxfp4_native() is not False and not args.no_moe
     except _device.NVFP4UnsupportedGPUError as exc:
         parser.error(f"{exc} (--no-run compiles without running)")
     except nvfp4_ops.NVFP4EnvError as exc:
