@@ -14,11 +14,8 @@
 #   dense     the dense GPU tests: linear, wfrag, stream-K
 #   eager     bench_overhead.py eager in three fresh processes (JSON in $OUT)
 #   overhead  bench_overhead.py eager startup (JSON in $OUT)
-#   flash     bench_moe.py --shapes v4-flash (both formats, both routings, EP 1 and 8, --check)
+#   flash     bench_moe.py --shapes v4-flash (NVFP4 and MXFP4, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
-#   mxnative  bench_moe.py with NVFP4_OPS_MXFP4_SCALES=native: MXFP4 read as UE8M0 by the
-#             kernels' mx variants, beside NVFP4 and Humming (both shapes, EP 1, uniform)
-#   persist   moe_tiles.py --persist: the streamed tile on one EP 8 rank with persistent GEMMs
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
 #             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
@@ -55,7 +52,7 @@ for part in "$@"; do
   start=$(date +%s)
   case "$part" in
     setup)
-      # the MXFP4 (UE8M0) variants too: the mxfp4 tests and the mxnative part run them
+      # the MXFP4 (UE8M0) variants too, by default: the mxfp4 tests and the benchmarks run them
       NVFP4_OPS_MXFP4_SCALES=native timeout -s KILL 400 python3 -m nvfp4_ops precompile \
         --shape v4-flash --shape v4-pro --shape tiny --jobs "$jobs" >"$out/precompile.log" 2>&1
       echo "== setup rc=$? $(tail -1 "$out/precompile.log")" ;;
@@ -87,17 +84,6 @@ for part in "$@"; do
       timeout -s KILL 540 python3 benchmarks/bench_moe.py --shapes "$shape" --format nvfp4 mxfp4 \
         --check --time-limit 480 --out-dir "$out" >"$out/bench_moe_$shape.log" 2>&1
       echo "== bench_moe $shape rc=$?"; tail -45 "$out/bench_moe_$shape.log" ;;
-    mxnative)  # MXFP4 with the kernels' own UE8M0 scales beside NVFP4, both shapes, EP 1
-      NVFP4_OPS_MXFP4_SCALES=native timeout -s KILL 540 python3 benchmarks/bench_moe.py \
-        --shapes v4-flash v4-pro --format nvfp4 mxfp4 --tokens 1 8 128 512 4096 \
-        --routing uniform --ep 1 --check --time-limit 480 --out-dir "$out/mxnative" \
-        >"$out/bench_moe_mxnative.log" 2>&1
-      echo "== bench_moe mxnative rc=$?"; tail -30 "$out/bench_moe_mxnative.log" ;;
-    persist)  # the streamed 8-row tile on one EP 8 rank with persistent GEMMs (A/B)
-      timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-flash v4-pro \
-        --tokens 8 32 128 256 --routing uniform skew --ep 8 --tiles 8 --persist 1 2 3 \
-        --reps 10 --jobs "$jobs" --time-limit 420 >"$out/moe_persist.log" 2>&1
-      echo "== persist rc=$?"; grep -E "^(v4|    bm)" "$out/moe_persist.log" | cut -c1-220 ;;
     tiles)
       timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
         --tokens 512 1024 2048 4096 16384 --routing uniform skew --ep 1 --reps 10 \
