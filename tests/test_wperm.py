@@ -180,8 +180,11 @@ def test_wperm_dispatch():
             plan_gemm(4096, 4096, bm, m_tiles=1, order=WeightOrder.WPERM)
     plans = _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash"]))
     variants = {p.config.name: p.config for p in plans}
-    # grouped: a wperm twin of each MoE config; dense: wperm only with wfrag (_wp_wf_)
-    wp = [n for n in variants if "_wp_" in n and "_wf_" not in n]
+    # grouped: a wperm twin of each MoE config; dense: wperm only with wfrag (_wp_wf_); the
+    # MXFP4 variants (in the set unless NVFP4_OPS_MXFP4_SCALES=convert) read wperm only
+    mx = {n for n, c in variants.items() if getattr(c, "mx", False)}
+    assert all(variants[n].order is WeightOrder.WPERM for n in mx)
+    wp = [n for n in variants if "_wp_" in n and "_wf_" not in n and n not in mx]
     assert wp and all(variants[n].grouped for n in wp)
     assert all(n.replace("_wp_", "_") in variants for n in wp)
     wf = [n for n in variants if "_wf_" in n]
