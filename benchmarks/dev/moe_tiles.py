@@ -11,13 +11,9 @@ the policy adds a hot tile, the op's own plan. Tiles not precompiled are compile
 ``--variants``: at each tile, also time the whole op with one GEMM's WGMMA tile shape changed
 (``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``; the other GEMM as planned), to
 find the grouped tile shape per token tile (``dispatch._wgmma_fields``); these compile first.
-``--persist N ...``: at the streamed 8-row tile, also time the whole op with the GEMMs run
-by ``N x SMs`` persistent CTAs (``StreamConfig.ctas``; both, or one GEMM): persistent CTAs
-walk the work items and skip the empty ones, where a one-item-per-CTA grid launches a CTA
-for each (most of the grid on an EP 8 rank). ``--hot-min``: time the op's plan with a hot
-tile at each of these min rows too (0: as planned), the hot class's floor
-(``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile with whole-width and
-flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
+``--hot-min``: time the op's plan with a hot tile at each of these min rows too (0: as
+planned), the hot class's floor (``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile
+with whole-width and flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
 plan both ways (``op flex`` / ``op whole``: the A/B of ``WgmmaConfig.flex``).
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
@@ -61,24 +57,9 @@ def shape_label(config) -> str:
 
 def variant_plans(plan, args):
     """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's WGMMA tile shape
-    replaced (``row_wgs`` x ``stages`` from ``args``), or its streamed GEMMs made persistent
-    (``args.persist``); the planned shape itself is left out."""
-    from nvfp4_ops.kernels.dispatch import NUM_SMS
-
+    replaced (``row_wgs`` x ``stages`` from ``args``); the planned shape itself is left
+    out."""
     out = []
-    if args.persist and plan.gate_up.family == plan.down.family == "stream":
-        for per_sm in args.persist:
-            ctas = per_sm * NUM_SMS
-            pair = {w: dataclasses.replace(getattr(plan, w), config=dataclasses.replace(
-                getattr(plan, w).config, ctas=ctas)) for w in ("gate_up", "down")}
-            for which in ("both", "gate_up", "down"):
-                chosen = pair if which == "both" else {which: pair[which]}
-                if all(g.config.name == getattr(plan, w).config.name
-                       for w, g in chosen.items()):
-                    continue
-                out.append((which, f"p{ctas}", dataclasses.replace(plan, **chosen)))
-    if not args.variants:
-        return out
     if plan.gate_up.family == plan.down.family == "wgmma":
         for row_wgs in args.row_wgs:  # both GEMMs at one row_wgs, rings as planned
             try:
@@ -147,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time each GEMM's WGMMA tile shapes (--row-wgs x --stages)")
     p.add_argument("--row-wgs", nargs="+", type=int, default=[1, 2])
     p.add_argument("--stages", nargs="+", type=int, default=[0, 3, 4, 6])
-    p.add_argument("--persist", nargs="+", type=int, default=[],
-                   help="at the streamed tile, also time persistent GEMMs of N x SMs CTAs")
     p.add_argument("--hot-min", nargs="+", type=int, default=[0],
                    help="where the policy adds a hot tile, time it at each of these min rows "
                         "(0: the policy's)")
@@ -186,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         if plan is None or plan.block_m != bm:
                             continue
                         configs += [plan.gate_up.config, plan.down.config]
-                        if args.variants or args.persist:
+                        if args.variants:
                             configs += [c for _, _, v in variant_plans(plan, args)
                                         for c in (v.gate_up.config, v.down.config)]
         t0 = time.monotonic()
@@ -251,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                             cells[bm] = time_one_call(call, args.reps, flush)
                         except Exception as exc:  # noqa: BLE001 - report and go on
                             print(f"  bm {bm}: {type(exc).__name__}: {exc}"[:200])
-                        if (args.variants or args.persist) and bm in cells:
+                        if args.variants and bm in cells:
                             time_variants(plan, call, cells[bm], args, flush)
                     if policy.hot is not None:  # the op's own plan: its tile plus a hot one
                         for min_rows in args.hot_min:
