@@ -134,6 +134,29 @@ def test_precompile_bad_mxfp4_switch_is_one_line(capsys, monkeypatch):
     assert "NVFP4_OPS_MXFP4_SCALES must be 'auto', 'convert' or 'native', got 'ue8m0'" in line
 
 
+def test_precompile_names_the_mxfp4_variants_it_includes(capsys, monkeypatch):
+    """The banner names the shapes whose MXFP4 (``mx``) variants are in the set: by default
+    those the kernels read natively (V4-Flash, not ``tiny``), none with
+    ``NVFP4_OPS_MXFP4_SCALES=convert`` or ``--no-moe`` (the compile itself is stubbed out)."""
+    pytest.importorskip("cutlass")
+    import nvfp4_ops
+    from nvfp4_ops.cli import precompile
+
+    monkeypatch.setattr(nvfp4_ops, "warmup", lambda *a, **k: [])
+    monkeypatch.setattr(precompile, "_configs", lambda *a: [])
+    args = ["--shape", "v4-flash", "--shape", "tiny", "--no-run"]
+
+    def banner(argv):
+        assert precompile.main(argv) == 0
+        return capsys.readouterr().out.splitlines()[0]
+
+    monkeypatch.delenv("NVFP4_OPS_MXFP4_SCALES", raising=False)
+    assert "(MXFP4 variants of v4-flash too)" in banner(args)
+    assert "MXFP4" not in banner([*args, "--no-moe"])
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "convert")
+    assert "MXFP4" not in banner(args)
+
+
 def test_argument_errors_exit_2_from_the_command_line():
     for args, message in ((("check", "--tokens", "-1"), "--tokens must be >= 1, got -1"),
                           (("precompile", "--shape", "bogus"), "invalid choice: 'bogus'")):

@@ -51,6 +51,16 @@ def compile_configs(configs, jobs: int, label: str = "worker") -> int:
     return compiled
 
 
+def _mx_supported(shape: str) -> bool:
+    """Whether the MoE kernels of the named shape read MXFP4 scales natively (then the
+    warm-up set has their ``mx`` variants)."""
+    from nvfp4_ops.prepare import moe_mx_supported
+    from nvfp4_ops.shapes import get_shape
+
+    s = get_shape(shape)
+    return moe_mx_supported(s.hidden, s.intermediate)
+
+
 def _configs(shapes: list[str], include_moe: bool) -> list:
     """Every kernel config the shapes' layers can reach (what :func:`nvfp4_ops.warmup` runs)."""
     from nvfp4_ops import _warmup
@@ -108,12 +118,14 @@ def main(argv: list[str], prog: str = "python -m nvfp4_ops precompile") -> int:
         if run:
             _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
         folder = _compile.cache_dir()
-        mxfp4 = _env.mxfp4_native() is not False and not args.no_moe
+        mx_shapes = [] if args.no_moe or _env.mxfp4_native() is False else [
+            name for name in dict.fromkeys(args.shape) if _mx_supported(name)]
     except _device.NVFP4UnsupportedGPUError as exc:
         parser.error(f"{exc} (--no-run compiles without running)")
     except nvfp4_ops.NVFP4EnvError as exc:
         parser.error(str(exc))
-    print(f"precompile: shapes {args.shape}{' (MXFP4 variants too)' if mxfp4 else ''}, arch "
+    mx = f" (MXFP4 variants of {', '.join(mx_shapes)} too)" if mx_shapes else ""
+    print(f"precompile: shapes {args.shape}{mx}, arch "
           f"{_compile.target_arch()}, {'compile + run once' if run else 'compile only'}, cache "
           f"{folder or 'memory only'}", flush=True)
     start = time.perf_counter()
