@@ -10,9 +10,9 @@ of tensors (so they are tested on the GPU without vLLM, and usable without it):
 * :func:`prepare_moe`: NVFP4 routed experts: the codes in the ``wperm`` bit order on CUDA where
   the MoE kernels read it;
 * :func:`prepare_mxfp4_moe`: MXFP4 routed experts (DeepSeek's releases): the UE8M0 scales
-  converted exactly to NVFP4's (:func:`nvfp4_ops.mxfp4_to_nvfp4`) or rebased into the form
-  the MoE kernels read natively (:func:`nvfp4_ops.mxfp4_kernel_scales`), then as
-  :func:`prepare_moe`.
+  rebased into the form the MoE kernels read natively (:func:`nvfp4_ops.mxfp4_kernel_scales`;
+  on CUDA where they cover the sizes) or converted exactly to NVFP4's
+  (:func:`nvfp4_ops.mxfp4_to_nvfp4`), then as :func:`prepare_moe`.
 
 Each returns the flag the op must then be called with (``wfrag=`` / ``wperm=``). ``None`` for
 the order argument means "where it pays": on CUDA tensors (and, for the MoE, at sizes whose
@@ -144,11 +144,11 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
                       native: bool | None = None, where: str = "nvfp4.moe",
                       names: tuple[str, str] = ("w13", "w2")):
     """Prepare one MoE layer's MXFP4 experts (e2m1 codes, one UE8M0 scale per 32 k) for
-    :func:`nvfp4_ops.moe`, exactly: the scales converted to NVFP4's (e4m3 per 16 k,
-    :func:`nvfp4_ops.mxfp4_to_nvfp4`) or, ``native``, kept one UE8M0 byte per 32 k in the form
-    the MoE kernels read as they are (:func:`nvfp4_ops.mxfp4_kernel_scales`: 6 % fewer bytes
-    per weight); either way with one fp32 global scale per row. The codes are NVFP4's already
-    and stay in place. Then :func:`prepare_moe`.
+    :func:`nvfp4_ops.moe`, exactly: the scales kept one UE8M0 byte per 32 k in the form the
+    MoE kernels read as they are (``native``, :func:`nvfp4_ops.mxfp4_kernel_scales`: 6 % fewer
+    bytes per weight) or converted to NVFP4's (e4m3 per 16 k, :func:`nvfp4_ops.mxfp4_to_nvfp4`);
+    either way with one fp32 global scale per row. The codes are NVFP4's already and stay in
+    place. Then :func:`prepare_moe`.
 
     Args:
         w13: ``uint8 [E, 2I, H/2]``; w13_scale: UE8M0 bytes (``uint8`` or
