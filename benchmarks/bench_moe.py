@@ -11,7 +11,7 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
   with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
   (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
   scales rebased once by ``nvfp4_ops.mxfp4_kernel_scales`` (read by the kernels' ``mx``
-  variants, as the glue keeps them where ``dispatch.moe_mx_supported(H, I)``), or with
+  variants, where the glue keeps them: ``nvfp4_ops.prepare.keeps_mxfp4_scales``), or with
   ``NVFP4_OPS_MXFP4_SCALES=convert`` converted by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes
   unchanged), and per-row global scales (``w13_global [E, 2I]``, ``w2_global
   [E, H]``).
@@ -337,14 +337,6 @@ def wperm_supported(hidden: int, inter: int) -> bool:
     return dispatch.moe_wperm_supported(hidden, inter)
 
 
-def mx_supported(hidden: int, inter: int) -> bool:
-    """Whether the MoE kernels read MXFP4 scales natively at these sizes (where the vLLM glue
-    keeps them by default)."""
-    from nvfp4_ops.kernels import dispatch
-
-    return dispatch.moe_mx_supported(hidden, inter)
-
-
 def precompile(shapes: list[str], jobs: int) -> None:
     """Compile every CuTeDSL variant the shapes reach in ``jobs`` worker processes, into the
     disk cache (``python -m nvfp4_ops precompile``'s parallel pass), so that
@@ -580,13 +572,10 @@ class GPUBench:
         wperm = wperm_supported(h, i)
         form = ""
         if fmt == "mxfp4":
-            # the kernels' UE8M0 form where the glue would keep it (NVFP4_OPS_MXFP4_SCALES
-            # auto on CUDA at mx sizes, or native), else NVFP4 scales
-            from nvfp4_ops import _env
+            # the kernels' UE8M0 form where the glue would keep it, else NVFP4 scales
+            from nvfp4_ops.prepare import keeps_mxfp4_scales
 
-            native = _env.mxfp4_native()
-            if native is None:
-                native = mx_supported(h, i)
+            native = keeps_mxfp4_scales(h, i, cuda=True)
             name = "mxfp4_kernel_scales" if native else "mxfp4_to_nvfp4"
             convert = getattr(nvfp4_ops, name, None)
             if convert is None:

@@ -63,10 +63,14 @@ class MoELayer:
 def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> list:
     """The layers of the named shapes in every weight order the glue may prepare: the shared
     expert (checkpoint order and ``wfrag``) and, with ``include_moe``, the routed experts
-    (checkpoint order, and ``wperm`` where the MoE kernels read it; unless
-    ``NVFP4_OPS_MXFP4_SCALES=convert``, also ``wperm`` with MXFP4 scales, as the glue prepares
-    DeepSeek's own checkpoints on CUDA)."""
-    from nvfp4_ops import _env
+    (checkpoint order, and ``wperm`` where the MoE kernels read it; also ``wperm`` with MXFP4
+    scales where the glue keeps DeepSeek's own checkpoints in that form on CUDA:
+    :func:`nvfp4_ops.prepare.keeps_mxfp4_scales`).
+
+    Raises:
+        nvfp4_ops.NVFP4EnvError: ``NVFP4_OPS_MXFP4_SCALES`` holds something else.
+    """
+    from nvfp4_ops.prepare import keeps_mxfp4_scales
     from nvfp4_ops.shapes import get_shape
 
     layers: list = []
@@ -77,7 +81,7 @@ def layers_for_shapes(shapes: Iterable[str], *, include_moe: bool = True) -> lis
         if include_moe:
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k))
             layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k, wperm=True))
-            if _env.mxfp4_native() is not False:  # auto or native (skipped where unread)
+            if keeps_mxfp4_scales(s.hidden, s.intermediate, cuda=True):
                 layers.append(MoELayer(s.experts, s.hidden, s.intermediate, s.top_k,
                                        wperm=True, mx=True))
     return layers

@@ -30,8 +30,8 @@ from nvfp4_ops.ops.mxfp4 import mxfp4_kernel_scales, mxfp4_to_nvfp4
 from nvfp4_ops.ops.wfrag import to_wfrag_
 from nvfp4_ops.ops.wperm import to_wperm_
 
-__all__ = ["moe_mx_supported", "moe_wperm_supported", "prepare_linear", "prepare_moe",
-           "prepare_mxfp4_moe"]
+__all__ = ["keeps_mxfp4_scales", "moe_mx_supported", "moe_wperm_supported", "prepare_linear",
+           "prepare_moe", "prepare_mxfp4_moe"]
 
 
 def moe_wperm_supported(hidden_size: int, inter: int) -> bool:
@@ -49,6 +49,24 @@ def moe_mx_supported(hidden_size: int, inter: int) -> bool:
     from nvfp4_ops.kernels.dispatch import moe_mx_supported as supported
 
     return supported(hidden_size, inter)
+
+
+def keeps_mxfp4_scales(hidden_size: int, inter: int, *, cuda: bool,
+                       native: bool | None = None) -> bool:
+    """Whether MXFP4 experts of these sizes are prepared in the kernels' native UE8M0 form
+    (:func:`prepare_mxfp4_moe`) rather than converted to NVFP4 scales: ``native`` when given,
+    else ``NVFP4_OPS_MXFP4_SCALES`` (``native`` / ``convert``), else (``auto``, the default) on
+    CUDA wherever :func:`moe_mx_supported`. The warm-up and ``precompile`` include the ``mx``
+    kernel variants by the same rule.
+
+    Raises:
+        nvfp4_ops.NVFP4EnvError: ``NVFP4_OPS_MXFP4_SCALES`` holds something else.
+    """
+    if native is None:
+        native = _env.mxfp4_native()
+    if native is None:  # auto: fewer scale bytes where the kernels read them
+        return cuda and moe_mx_supported(hidden_size, inter)
+    return native
 
 
 def _contiguous_in_place(t: torch.Tensor, where: str, name: str) -> None:
@@ -156,9 +174,9 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             ``[E, H, I/32]``.
         wperm, where: as :func:`prepare_moe`.
         native: keep UE8M0 scales; on CUDA this needs :func:`moe_mx_supported` sizes
-            (V4-Flash and V4-Pro: yes). None: ``NVFP4_OPS_MXFP4_SCALES``, whose default
-            ``auto`` keeps them on CUDA tensors of those sizes and converts elsewhere (the CPU
-            reference reads both forms, and gives bitwise the same result from either).
+            (V4-Flash and V4-Pro: yes). None: :func:`keeps_mxfp4_scales` (by default on CUDA
+            tensors of those sizes; the CPU reference reads both forms, and gives bitwise the
+            same result from either).
         names: how a conversion error names the two scale tensors (after ``where``), e.g.
             the parameter names of the caller's module.
 
@@ -174,12 +192,9 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             ``native`` on CUDA at sizes whose kernels cannot read it, and :func:`prepare_moe`.
         nvfp4_ops.NVFP4EnvError: ``NVFP4_OPS_MXFP4_SCALES`` holds something else.
     """
-    if native is None:
-        native = _env.mxfp4_native()
     shaped = w13.dim() == w2.dim() == 3  # (bad shapes: named by the conversion below)
     hidden_size, inter = (w2.shape[1], w13.shape[1] // 2) if shaped else (0, 0)
-    if native is None:  # auto: fewer scale bytes where the kernels read them
-        native = w13.is_cuda and shaped and moe_mx_supported(hidden_size, inter)
+    native = keeps_mxfp4_scales(hidden_size, inter, cuda=w13.is_cuda and shaped, native=native)
     if native and w13.is_cuda and shaped:
         if not moe_mx_supported(hidden_size, inter):
             raise NVFP4InputError(

@@ -260,6 +260,23 @@ def test_prepare_native_and_the_switch(monkeypatch):
         nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)
 
 
+def test_keeps_mxfp4_scales_is_the_one_rule(monkeypatch):
+    """auto (the default): native on CUDA at the sizes the ``mx`` kernels read, converted on the
+    CPU and at other sizes; the switch and an explicit ``native`` override it."""
+    from nvfp4_ops.prepare import keeps_mxfp4_scales
+
+    monkeypatch.delenv("NVFP4_OPS_MXFP4_SCALES", raising=False)
+    assert keeps_mxfp4_scales(4096, 2048, cuda=True)
+    assert not keeps_mxfp4_scales(4096, 2048, cuda=False)
+    assert not keeps_mxfp4_scales(256, 128, cuda=True)  # I % 512: no mx kernels
+    assert not keeps_mxfp4_scales(4096, 2048, cuda=True, native=False)
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "native")
+    assert keeps_mxfp4_scales(256, 128, cuda=False)
+    monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", "convert")
+    assert not keeps_mxfp4_scales(4096, 2048, cuda=True)
+    assert keeps_mxfp4_scales(4096, 2048, cuda=True, native=True)
+
+
 def test_warmup_layers_follow_the_switch(monkeypatch):
     from nvfp4_ops import _warmup
 

@@ -51,16 +51,6 @@ def compile_configs(configs, jobs: int, label: str = "worker") -> int:
     return compiled
 
 
-def _mx_supported(shape: str) -> bool:
-    """Whether the MoE kernels of the named shape read MXFP4 scales natively (then the
-    warm-up set has their ``mx`` variants)."""
-    from nvfp4_ops.prepare import moe_mx_supported
-    from nvfp4_ops.shapes import get_shape
-
-    s = get_shape(shape)
-    return moe_mx_supported(s.hidden, s.intermediate)
-
-
 def _configs(shapes: list[str], include_moe: bool) -> list:
     """Every kernel config the shapes' layers can reach (what :func:`nvfp4_ops.warmup` runs)."""
     from nvfp4_ops import _warmup
@@ -111,15 +101,16 @@ def main(argv: list[str], prog: str = "python -m nvfp4_ops precompile") -> int:
     import torch
 
     import nvfp4_ops
-    from nvfp4_ops import _compile, _device, _env
+    from nvfp4_ops import _compile, _device, _warmup
 
     run = torch.cuda.is_available() and not args.no_run
     try:
         if run:
             _device.require_supported_gpu(torch.device("cuda", torch.cuda.current_device()))
         folder = _compile.cache_dir()
-        mx_shapes = [] if args.no_moe or _env.mxfp4_native() is False else [
-            name for name in dict.fromkeys(args.shape) if _mx_supported(name)]
+        mx_shapes = [name for name in dict.fromkeys(args.shape)
+                     if any(getattr(layer, "mx", False) for layer in
+                            _warmup.layers_for_shapes([name], include_moe=not args.no_moe))]
     except _device.NVFP4UnsupportedGPUError as exc:
         parser.error(f"{exc} (--no-run compiles without running)")
     except nvfp4_ops.NVFP4EnvError as exc:
