@@ -15,12 +15,23 @@ tile the padded rows can hold) against those with a real token tile, for EP 1 an
 rank (uniform routing): the work a persistent grouped GEMM would not launch.
 
     python benchmarks/dev/moe_tile_model.py --grid [--tokens 128 512 2048 4096]
+
+``--fit LOG``: refit ``dispatch.MOE_TILE_COST`` to a ``moe_tiles.py`` log (its per-cell lines:
+the whole op's µs at each tile). The routings are redrawn as ``moe_tiles.py`` draws them (seed
+1), so each cell's per-expert counts are known; the model is ``unit(shape) x sum_e
+expert_cost(rows_e, tile)`` (partial tiles at their flexible width where the tile has one,
+``--whole`` for logs timed with whole tiles), fitted in log space. Printed: the fitted costs
+beside the current ones, each cell's measured best tile, the tile the policy would take with
+either table and what that tile measured.
+
+    python benchmarks/dev/moe_tile_model.py --fit benchmarks/results/moe_tiles_h200.log --whole
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import re
 
 import torch
 
@@ -45,9 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--grid", action="store_true",
                    help="real and empty CTAs of the op's static grids, EP 1 and 8")
+    p.add_argument("--fit", metavar="LOG", help="refit MOE_TILE_COST to a moe_tiles.py log")
+    p.add_argument("--whole", action="store_true",
+                   help="(--fit) the log's tiles ran whole, not flexible, widths")
     args = p.parse_args(argv)
     if args.grid:
         return grid_report(args)
+    if args.fit:
+        return fit_report(args)
     tiles = dispatch.BLOCK_MS
     print(f"{'shape':9s} {'T':>6s} {'routing':8s} {'policy':>12s} {'best single':>14s} "
           f"{'per expert':>16s} {'two classes':>22s}")
@@ -67,6 +83,112 @@ def main(argv: list[str] | None = None) -> int:
                       f"{single:3d} {cost_of(counts, single):10.0f} "
                       f"{per_expert:8.0f} ({at_policy / per_expert:4.2f}x) "
                       f"{pair[0]:3d}/{pair[1]:<3d} {two:8.0f} ({at_policy / two:4.2f}x)")
+    return 0
+
+
+#: a moe_tiles.py cell line: shape, EP, T, routing, then ``tile[f][*] µs[tiles]`` per tile
+_CELL = re.compile(r"^(\S+) ep(\d+) T=(\d+)\s+(\S+)\s.*?roof\s+[\d.]+\s+(.*?)\s+best")
+_TILE = re.compile(r"(\d+)(f?)\*?\s+([\d.]+)\[\d+\]")
+
+
+def parse_tiles_log(text: str) -> list[tuple[str, int, int, str, dict[int, float]]]:
+    """``(shape, ep, T, routing, {tile: µs})`` per cell line of a ``moe_tiles.py`` log (with
+    ``--flex 0 1`` only the flexible timings: ``64f``)."""
+    cells = []
+    for line in text.splitlines():
+        m = _CELL.match(line)
+        if not m:
+            continue
+        times = {}
+        entries = _TILE.findall(m.group(5))
+        flexed = any(f for _, f, _ in entries)
+        for tile, f, us in entries:
+            if f or not flexed or int(tile) not in (64, 128, 256):
+                times[int(tile)] = float(us)
+        cells.append((m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), times))
+    return cells
+
+
+def _model_units(counts: list[int], block_m: int, costs: dict[int, float], flex: bool) -> float:
+    """``sum_e expert_cost(rows_e, block_m)`` under the cost table ``costs`` (the dispatch's
+    own pricing of flexible partial tiles where ``flex``)."""
+    from nvfp4_ops.kernels import dispatch
+
+    saved = dict(dispatch.MOE_TILE_COST)
+    dispatch.MOE_TILE_COST.update(costs)
+    try:
+        gran = dispatch.MOE_FLEX.get(block_m, 0) if flex else 0
+        return sum(dispatch.expert_cost(c, block_m, gran) for c in counts if c)
+    finally:
+        dispatch.MOE_TILE_COST.update(saved)
+
+
+def fit_report(args) -> int:
+    """``--fit``: least squares in log space over every (cell, tile) of the log, by coordinate
+    search on each tile's cost (8 fixed at 1) with the per-shape unit solved in closed form."""
+    import math
+
+    import nvfp4_ops
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import ep_slice, make_routing
+
+    with open(args.fit) as f:
+        cells = parse_tiles_log(f.read())
+    if not cells:
+        print(f"no cell lines in {args.fit}")
+        return 1
+    flex = not args.whole
+    data = []  # (shape, counts, slots, local, global, {tile: µs})
+    for name, ep, num_tokens, routing, times in cells:
+        s = nvfp4_ops.get_shape(name)
+        start, local = ep_slice(s.experts, ep)
+        ids, _ = make_routing(routing, num_tokens, s.experts, s.top_k, seed=1)
+        flat = ids.reshape(-1).long() - start
+        counts = torch.bincount(flat[(flat >= 0) & (flat < local)], minlength=local).tolist()
+        data.append((name, counts, num_tokens * s.top_k, local, s.experts, times))
+
+    def loss(costs):
+        resid = {}
+        for name, counts, _, _, _, times in data:
+            for bm, us in times.items():
+                resid.setdefault(name, []).append(
+                    math.log(us) - math.log(_model_units(counts, bm, costs, flex)))
+        # the per-shape unit in closed form: the mean log residual
+        return sum(sum((r - sum(rs) / len(rs)) ** 2 for r in rs) for rs in resid.values())
+
+    tiles = sorted({bm for *_, times in data for bm in times} - {8})
+    costs = {bm: dispatch.MOE_TILE_COST[bm] for bm in tiles}
+    best = loss(costs)
+    for step in (0.2, 0.05, 0.01):
+        improved = True
+        while improved:
+            improved = False
+            for bm in tiles:
+                for sign in (1, -1):
+                    trial = {**costs, bm: round(costs[bm] * (1 + sign * step), 3)}
+                    value = loss(trial)
+                    if value < best - 1e-12:
+                        costs, best, improved = trial, value, True
+    print("tile   current  fitted")
+    for bm in tiles:
+        print(f"{bm:4d}   {dispatch.MOE_TILE_COST[bm]:7.3f}  {costs[bm]:6.3f}")
+    print(f"log-space residual {best:.4f} (current table {loss({}):.4f})\n")
+    print(f"{'shape':9s} {'T':>6s} {'cell':18s} {'best':>5s} {'cur':>5s} {'fit':>5s} "
+          f"{'cur/best':>8s} {'fit/best':>8s}")
+    saved = dict(dispatch.MOE_TILE_COST)
+    for (name, ep, num_tokens, routing, times), (_, _, slots, local, glob, _) in zip(
+            cells, data, strict=True):
+        best_tile = min(times, key=times.get)
+        picks = []
+        for table in (saved, {**saved, **costs}):
+            dispatch.MOE_TILE_COST.update(table)
+            picks.append(dispatch.moe_block_m(dispatch.local_slots(slots, local, glob), local,
+                                              flex))
+        dispatch.MOE_TILE_COST.update(saved)
+        ratio = [f"{times[t] / times[best_tile]:8.2f}" if t in times else "       -"
+                 for t in picks]
+        print(f"{name:9s} {num_tokens:6d} ep{ep} {routing:13s} {best_tile:5d} {picks[0]:5d} "
+              f"{picks[1]:5d} {ratio[0]} {ratio[1]}")
     return 0
 
 
