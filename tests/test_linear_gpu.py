@@ -8,6 +8,7 @@ unwritten rows fail.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -93,6 +94,42 @@ def test_repeated_eager_calls_follow_weight_updates():
     assert not torch.equal(first, second) and torch.equal(third.float(), second.float() * 4)
     weight_scale = (weight_scale.float() * 0.5).to(torch.float8_e4m3fn)  # a new object
     check("with a new block-scale tensor")
+
+
+@pytest.mark.parametrize("wfrag", [False, True])
+def test_kept_launches_equal_fresh_ones(wfrag):
+    """Repeated eager calls run the launch their first call kept (``ops._eager.Repeats``):
+    ``linear`` with a bias and ``mlp`` at two SwiGLU limits, at token counts of every dense
+    family (streamed, stream-K WGMMA, WGMMA), new activations each call: bitwise what a call
+    that prepares its launch afresh gives, and close to the reference."""
+    lin_op = importlib.import_module("nvfp4_ops.ops.linear")
+    mlp_op = importlib.import_module("nvfp4_ops.ops.mlp")
+    gen = torch.Generator(device="cuda").manual_seed(23 + wfrag)
+    n, k, inter = 1536, 4096, 512
+    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    w13, s13, _ = random_nvfp4(2 * inter, k, gen)
+    w2, s2, g2 = random_nvfp4(k, inter, gen, per_row_global=False)
+    g13 = torch.tensor([0.004, 0.007], device="cuda")
+    plain = weight.clone()  # checkpoint order, for the reference
+    if wfrag:
+        for w in (weight, w13, w2):
+            nvfp4_ops.to_wfrag_(w)
+    for m in (1, 16, 128, 300):
+        for _ in range(3):  # the first call keeps its launch, the next two repeat it
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            kept = nvfp4_ops.linear(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
+            lin_op._repeats.clear()
+            fresh = nvfp4_ops.linear(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
+            assert torch.equal(kept, fresh), f"linear M={m}: kept launch != fresh one"
+            for limit in (7.0, 0.5):
+                kept_mlp = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, limit, wfrag=wfrag)
+                mlp_op._repeats.clear()
+                fresh_mlp = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, limit, wfrag=wfrag)
+                assert torch.equal(kept_mlp, fresh_mlp), f"mlp M={m} L={limit}: kept != fresh"
+        assert len(lin_op._repeats) >= 1 and len(mlp_op._repeats) >= 1
+        ref = linear_fp32(x, plain, weight_scale, global_scale) + bias.float()
+        check_close(kept, ref, f"linear M={m} wfrag={wfrag}, kept launch")
 
 
 @pytest.mark.parametrize("n,k", [(7168, 18432), (1536, 4096)])
