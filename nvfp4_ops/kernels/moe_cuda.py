@@ -160,7 +160,10 @@ class _Reused:
     def __init__(self, bufs: MoEBuffers, nbytes: int) -> None:
         self.bufs, self.nbytes = bufs, nbytes
         self.launches: _EagerLaunches | None = None
-        self.graphs: OrderedDict[tuple, torch.cuda.CUDAGraph | None] = OrderedDict()
+        #: graph key -> (plan, graph or None): the entry holds the plan, so its ``id`` in
+        #: the key cannot be reused by another plan while the entry exists
+        self.graphs: OrderedDict[tuple, tuple[MoEPlan, torch.cuda.CUDAGraph | None]] = (
+            OrderedDict())
 
 
 #: GEMM graphs kept per set of reused buffers (one per layer and plan: a model's MoE layers
@@ -338,7 +341,7 @@ def moe_forward(
         # a repeated eager call: its GEMMs from the graph the first one captured
         graph_key = _graph_key(plan, weights, swiglu_limit)
         if graph_key in reused.graphs:
-            graph = reused.graphs[graph_key]
+            graph = reused.graphs[graph_key][1]
             reused.graphs.move_to_end(graph_key)
             if graph is not None:
                 graph.replay()
@@ -375,7 +378,7 @@ def moe_forward(
 
     launch_gemms()
     if graph_key is not None:  # the first eager call of this key: capture for the next ones
-        reused.graphs[graph_key] = _gemm_graph(launch_gemms, hidden.device)
+        reused.graphs[graph_key] = (plan, _gemm_graph(launch_gemms, hidden.device))
         while len(reused.graphs) > _GRAPHS_MAX:
             reused.graphs.popitem(last=False)
     return _combine(launches, expert_out, routing, out, num_tokens,
