@@ -75,7 +75,9 @@ __all__ = [
     "backend",
     "choice",
     "flag",
+    "lookup",
     "mxfp4_native",
+    "Snapshot",
     "path",
 ]
 
@@ -101,7 +103,7 @@ class NVFP4EnvError(ValueError):
     """An ``NVFP4_OPS_*`` environment variable holds a value its switch does not accept."""
 
 
-def _lookup(name: str) -> str | None:
+def lookup(name: str) -> str | None:
     """``os.environ.get(name)``, faster on POSIX CPython for the switches the ops read on
     every eager call.
 
@@ -119,6 +121,25 @@ def _lookup(name: str) -> str | None:
     return None if value is None else os.fsdecode(value)
 
 
+class Snapshot:
+    """Reads the values of some variables as stored, unparsed (on POSIX CPython their encoded
+    bytes; None where unset): equal snapshots mean nothing changed, for a caller that keeps a
+    decision made under them (:class:`nvfp4_ops.ops._eager.Repeats`). Cheaper than
+    :func:`lookup` per name (no decoding, names encoded once)."""
+
+    __slots__ = ("names", "_encoded")
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self._encoded = [os.fsencode(n) for n in names] if os.name == "posix" else None
+
+    def __call__(self) -> list:
+        data = getattr(os.environ, "_data", None)
+        if type(data) is not dict or self._encoded is None:
+            return [os.environ.get(n) for n in self.names]
+        return [data.get(e) for e in self._encoded]
+
+
 def _encoded(name: str) -> bytes:
     key = _ENCODED.get(name)
     if key is None:
@@ -131,7 +152,7 @@ _ENCODED: dict[str, bytes] = {}
 
 def _raw(name: str) -> tuple[str | None, str]:
     """(the value as set, or None when unset; its normalised form: stripped, lower case)."""
-    raw = _lookup(name)
+    raw = lookup(name)
     return raw, "" if raw is None else raw.strip().lower()
 
 

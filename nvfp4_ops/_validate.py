@@ -75,6 +75,21 @@ def set_value_checks(enabled: bool | None) -> None:
     _value_checks = None if enabled is None else bool(enabled)
 
 
+def value_checks_override() -> bool | None:
+    """The :func:`set_value_checks` override (None: ``NVFP4_OPS_VALUE_CHECKS`` decides)."""
+    return _value_checks
+
+
+def value_checks_on() -> bool:
+    """Whether the per-call debug checks are switched on (whatever the tensors and the
+    capture state; :func:`value_checks_enabled` adds those).
+
+    Raises:
+        nvfp4_ops._env.NVFP4EnvError: ``NVFP4_OPS_VALUE_CHECKS`` is not a boolean spelling.
+    """
+    return _env.flag(_env.VALUE_CHECKS, False) if _value_checks is None else _value_checks
+
+
 def value_checks_enabled(*tensors: torch.Tensor) -> bool:
     """Whether the per-call debug checks should read these tensors now: switched on, none on
     ``meta``, and no CUDA graph being captured (a device read would sync inside it).
@@ -82,8 +97,7 @@ def value_checks_enabled(*tensors: torch.Tensor) -> bool:
     Raises:
         nvfp4_ops._env.NVFP4EnvError: ``NVFP4_OPS_VALUE_CHECKS`` is not a boolean spelling.
     """
-    on = _env.flag(_env.VALUE_CHECKS, False) if _value_checks is None else _value_checks
-    if not on or any(t.device.type == "meta" for t in tensors):
+    if not value_checks_on() or any(t.device.type == "meta" for t in tensors):
         return False
     return not (any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing())
 

@@ -31,4 +31,4 @@ def cuda_moe_kernel():
     from nvfp4_ops import kernels
     from nvfp4_ops.kernels import moe_cuda
 
-    assert kernels.cuda_kernel("moe") is moe_cuda.moe_cuda
+    assert kernels.cuda_kernel("moe") is moe_cuda.moe_launch

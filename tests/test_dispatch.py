@@ -223,6 +223,21 @@ def test_moe_block_m_rule():
     assert D.moe_block_m(6 * 16384, 384) == 256
 
 
+def test_tile_choice_under_another_cost_table():
+    """The pricing takes the cost table as an argument (``costs``, default
+    ``MOE_TILE_COST``): a candidate table changes what would be planned, and the dispatch's
+    own table is left alone (what ``benchmarks/dev/moe_tile_model.py --fit`` relies on)."""
+    before = dict(D.MOE_TILE_COST)
+    slots, experts = 6 * 2048, 256  # 48 rows per expert: the 64-row tile today
+    assert D.moe_block_m(slots, experts) == D.moe_block_m(slots, experts, True, before) == 64
+    assert D.moe_block_m(slots, experts, False) == 64
+    cheap_128 = {**before, 128: before[32]}  # a whole 128-row tile at a 32-row tile's cost
+    assert D.moe_block_m(slots, experts, False, cheap_128) == 128
+    assert D.expert_cost(70, 128, 32, cheap_128) == D.moe_width_cost(96, cheap_128)
+    assert D.expected_cost(48.0, 128, False, cheap_128) < D.expected_cost(48.0, 128, False)
+    assert D.MOE_TILE_COST == before
+
+
 def test_flexible_width_cost():
     """A partial last tile is priced at its width rounded up to the tile's granularity
     (``MOE_FLEX``), linear between the measured tiles; whole tiles otherwise."""

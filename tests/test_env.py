@@ -59,18 +59,18 @@ def test_lookup_sees_every_way_of_setting_a_variable(monkeypatch):
     from unittest import mock
 
     monkeypatch.delenv(NAME, raising=False)
-    assert _env._lookup(NAME) is None
+    assert _env.lookup(NAME) is None
     os.environ[NAME] = "on"
     try:
-        assert _env._lookup(NAME) == "on" and _env.flag(NAME, False) is True
+        assert _env.lookup(NAME) == "on" and _env.flag(NAME, False) is True
     finally:
         del os.environ[NAME]
-    assert _env._lookup(NAME) is None
+    assert _env.lookup(NAME) is None
     with mock.patch.dict(os.environ, {NAME: "  Off"}):
-        assert _env._lookup(NAME) == os.environ.get(NAME) == "  Off"
-    assert _env._lookup(NAME) is None
+        assert _env.lookup(NAME) == os.environ.get(NAME) == "  Off"
+    assert _env.lookup(NAME) is None
     monkeypatch.setenv(NAME, "caf\u00e9")
-    assert _env._lookup(NAME) == "caf\u00e9"
+    assert _env.lookup(NAME) == "caf\u00e9"
 
 
 def test_choice(monkeypatch):

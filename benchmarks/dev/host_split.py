@@ -65,6 +65,8 @@ def install() -> None:
         ("nvfp4_ops.kernels.moe_cuda", "gather_rows"),
         ("nvfp4_ops.kernels.moe_cuda", "combine"),
         ("nvfp4_ops.kernels.moe_cuda", "moe_forward"),
+        ("nvfp4_ops.kernels.moe_cuda", "_forward"),
+        ("nvfp4_ops.kernels.moe_cuda", "run_gemm"),
         ("nvfp4_ops.kernels.linear_cuda", "run_gemm"),
         ("nvfp4_ops.kernels.linear_cuda", "memo_views"),
         ("nvfp4_ops.kernels.moe_cuda", "memo_views"),
@@ -74,6 +76,11 @@ def install() -> None:
             _patch(module, attr)
         except AttributeError:
             print(f"(no {module}.{attr})")
+    # the kept launches of repeated calls (nvfp4_ops.ops._eager.Repeats)
+    from nvfp4_ops.ops._eager import Repeats
+
+    for method in ("find", "keep"):
+        setattr(Repeats, method, _timed(f"_eager.Repeats.{method}", getattr(Repeats, method)))
     # moe_forward binds its GEMM launcher as a default argument
     kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
     kw["gemm"] = linear_cuda.run_gemm

@@ -13,6 +13,7 @@ host time only; next to it the median of one call right after a ``torch.cuda.syn
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -109,8 +110,9 @@ def _after_sync_us(fn, calls: int, first=None) -> float:
 
 def _gemm_cases(dev: torch.device) -> dict:
     """The CuTeDSL GEMM of an eager ``linear`` M = 1 at (7168, 18432): the binary called bare
-    with prepared arguments, the op's kernel (``linear_cuda.linear``) and the public wrapper;
-    and tvm-ffi's own cost for the same twelve arguments (``testing.nop``)."""
+    with prepared arguments, the op's kernel (``linear_cuda.linear``: plan, views and launch
+    every call), the launch a repeated call keeps (``linear_cuda.linear_launch``) and the public
+    wrapper; and tvm-ffi's own cost for the same twelve arguments (``testing.nop``)."""
     import tvm_ffi
 
     import nvfp4_ops
@@ -135,6 +137,8 @@ def _gemm_cases(dev: torch.device) -> dict:
         f"GEMM binary, bare ({plan.config.name})"[:32]: lambda: binary(*gemm_args),
         "tvm-ffi nop, same 12 args": lambda: nop(*gemm_args),
         "linear_cuda.linear (op kernel)": lambda: linear_cuda.linear(x, w, ws, wg, None, True),
+        "kept launch (a repeat's)": functools.partial(
+            linear_cuda.linear_launch(x, w, ws, wg, None, True), x),
         "nvfp4_ops.linear (public)": lambda: nvfp4_ops.linear(x, w, ws, wg, wfrag=True),
     }
 

@@ -110,17 +110,12 @@ def parse_tiles_log(text: str) -> list[tuple[str, int, int, str, dict[int, float
 
 
 def _model_units(counts: list[int], block_m: int, costs: dict[int, float], flex: bool) -> float:
-    """``sum_e expert_cost(rows_e, block_m)`` under the cost table ``costs`` (the dispatch's
-    own pricing of flexible partial tiles where ``flex``)."""
+    """``sum_e expert_cost(rows_e, block_m)`` under the whole cost table ``costs`` (the
+    dispatch's own pricing of flexible partial tiles where ``flex``)."""
     from nvfp4_ops.kernels import dispatch
 
-    saved = dict(dispatch.MOE_TILE_COST)
-    dispatch.MOE_TILE_COST.update(costs)
-    try:
-        gran = dispatch.MOE_FLEX.get(block_m, 0) if flex else 0
-        return sum(dispatch.expert_cost(c, block_m, gran) for c in counts if c)
-    finally:
-        dispatch.MOE_TILE_COST.update(saved)
+    gran = dispatch.MOE_FLEX.get(block_m, 0) if flex else 0
+    return sum(dispatch.expert_cost(c, block_m, gran, costs) for c in counts if c)
 
 
 def fit_report(args) -> int:
@@ -147,7 +142,10 @@ def fit_report(args) -> int:
         counts = torch.bincount(flat[(flat >= 0) & (flat < local)], minlength=local).tolist()
         data.append((name, counts, num_tokens * s.top_k, local, s.experts, times))
 
-    def loss(costs):
+    current = dict(dispatch.MOE_TILE_COST)
+
+    def loss(changed):
+        costs = {**current, **changed}
         resid = {}
         for name, counts, _, _, _, times in data:
             for bm, us in times.items():
@@ -157,7 +155,7 @@ def fit_report(args) -> int:
         return sum(sum((r - sum(rs) / len(rs)) ** 2 for r in rs) for rs in resid.values())
 
     tiles = sorted({bm for *_, times in data for bm in times} - {8})
-    costs = {bm: dispatch.MOE_TILE_COST[bm] for bm in tiles}
+    costs = {bm: current[bm] for bm in tiles}
     best = loss(costs)
     for step in (0.2, 0.05, 0.01):
         improved = True
@@ -171,20 +169,15 @@ def fit_report(args) -> int:
                         costs, best, improved = trial, value, True
     print("tile   current  fitted")
     for bm in tiles:
-        print(f"{bm:4d}   {dispatch.MOE_TILE_COST[bm]:7.3f}  {costs[bm]:6.3f}")
+        print(f"{bm:4d}   {current[bm]:7.3f}  {costs[bm]:6.3f}")
     print(f"log-space residual {best:.4f} (current table {loss({}):.4f})\n")
     print(f"{'shape':9s} {'T':>6s} {'cell':18s} {'best':>5s} {'cur':>5s} {'fit':>5s} "
           f"{'cur/best':>8s} {'fit/best':>8s}")
-    saved = dict(dispatch.MOE_TILE_COST)
     for (name, ep, num_tokens, routing, times), (_, _, slots, local, glob, _) in zip(
             cells, data, strict=True):
         best_tile = min(times, key=times.get)
-        picks = []
-        for table in (saved, {**saved, **costs}):
-            dispatch.MOE_TILE_COST.update(table)
-            picks.append(dispatch.moe_block_m(dispatch.local_slots(slots, local, glob), local,
-                                              flex))
-        dispatch.MOE_TILE_COST.update(saved)
+        picks = [dispatch.moe_block_m(dispatch.local_slots(slots, local, glob), local, flex,
+                                      table) for table in (current, {**current, **costs})]
         ratio = [f"{times[t] / times[best_tile]:8.2f}" if t in times else "       -"
                  for t in picks]
         print(f"{name:9s} {num_tokens:6d} ep{ep} {routing:13s} {best_tile:5d} {picks[0]:5d} "

@@ -35,18 +35,25 @@ def forced_reference() -> bool:
 
 
 def cuda_kernel(op: str) -> Callable | None:
-    """The CUDA implementation of ``op``, or None when it has none (or the reference is
-    forced). Imported on first use: loading it imports CuTeDSL and Triton."""
+    """The function that prepares ``op``'s CUDA launch, or None when the op has none (or the
+    reference is forced). Imported on first use: loading it imports CuTeDSL and Triton.
+
+    It takes the op's validated arguments and returns the launch for their sizes (a function
+    of the per-call inputs, which the op may keep for repeated calls:
+    :class:`nvfp4_ops.ops._eager.Repeats`), or None where no kernel covers the sizes:
+    :func:`~nvfp4_ops.kernels.linear_cuda.linear_launch`,
+    :func:`~nvfp4_ops.kernels.linear_cuda.mlp_launch`,
+    :func:`~nvfp4_ops.kernels.moe_cuda.moe_launch`."""
     if forced_reference() or op not in CUDA_OPS:
         return None
     impl = _impls.get(op)
     if impl is None:  # once per op: an import statement per eager call costs microseconds
         if op == "moe":
-            from nvfp4_ops.kernels.moe_cuda import moe_cuda as impl
+            from nvfp4_ops.kernels.moe_cuda import moe_launch as impl
         else:
             from nvfp4_ops.kernels import linear_cuda
 
-            impl = linear_cuda.linear if op == "linear" else linear_cuda.mlp
+            impl = linear_cuda.linear_launch if op == "linear" else linear_cuda.mlp_launch
         _impls[op] = impl
     return impl
 
@@ -62,5 +69,5 @@ def describe(op: str, device: torch.device | str) -> str:
         return "reference on GPU (NVFP4_OPS_BACKEND=reference)"
     if op not in CUDA_OPS:
         return "reference on GPU (no CUDA kernel)"
-    where = "moe_cuda.moe_cuda" if op == "moe" else f"linear_cuda.{op}"
+    where = "moe_cuda.moe_launch" if op == "moe" else f"linear_cuda.{op}_launch"
     return f"CUDA kernel nvfp4_ops.kernels.{where}"

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,45 +267,49 @@ def expected_tiles(mean_rows: float, block_m: int) -> float:
     return sum(p * -(-x // block_m) for x, p in _poisson(mean_rows))
 
 
-def moe_width_cost(width: int) -> float:
-    """:data:`MOE_TILE_COST` of a tile run ``width`` tokens wide, linear between the measured
-    tiles (a flexible-width tile's last, partial tile)."""
-    keys = sorted(MOE_TILE_COST)
+def moe_width_cost(width: int, costs: Mapping[int, float] = MOE_TILE_COST) -> float:
+    """The tile cost (``costs``: :data:`MOE_TILE_COST`, or a table being fitted) of a tile run
+    ``width`` tokens wide, linear between the measured tiles (a flexible-width tile's last,
+    partial tile)."""
+    keys = sorted(costs)
     for lo, hi in zip(keys, keys[1:], strict=False):
         if lo <= width <= hi:
-            return MOE_TILE_COST[lo] + (MOE_TILE_COST[hi] - MOE_TILE_COST[lo]) * (
-                (width - lo) / (hi - lo))
+            return costs[lo] + (costs[hi] - costs[lo]) * ((width - lo) / (hi - lo))
     raise ValueError(f"no tile cost for width {width}")
 
 
-def expert_cost(rows: int, block_m: int, flex: int = 0) -> float:
-    """Cost (:data:`MOE_TILE_COST` units) of one expert's ``rows`` in ``block_m`` tiles: full
-    tiles, and a partial last tile at its own width when the tile has a granularity ``flex``
-    (:data:`MOE_FLEX`)."""
+def expert_cost(rows: int, block_m: int, flex: int = 0,
+                costs: Mapping[int, float] = MOE_TILE_COST) -> float:
+    """Cost (``costs`` units, :data:`MOE_TILE_COST` by default) of one expert's ``rows`` in
+    ``block_m`` tiles: full tiles, and a partial last tile at its own width when the tile has a
+    granularity ``flex`` (:data:`MOE_FLEX`)."""
     full, rest = divmod(rows, block_m)
-    cost = full * MOE_TILE_COST[block_m]
+    cost = full * costs[block_m]
     if rest:
-        cost += moe_width_cost(-(-rest // flex) * flex) if flex else MOE_TILE_COST[block_m]
+        cost += moe_width_cost(-(-rest // flex) * flex, costs) if flex else costs[block_m]
     return cost
 
 
-def expected_cost(mean_rows: float, block_m: int, flex: bool = True) -> float:
+def expected_cost(mean_rows: float, block_m: int, flex: bool = True,
+                  costs: Mapping[int, float] = MOE_TILE_COST) -> float:
     """``E[expert_cost(X, block_m)]`` for ``X ~ Poisson(mean_rows)`` (the tile's
-    :data:`MOE_FLEX` granularity where ``flex``)."""
+    :data:`MOE_FLEX` granularity where ``flex``; ``costs`` as :func:`expert_cost`)."""
     if mean_rows <= 0:
         return 0.0
     granularity = MOE_FLEX.get(block_m, 0) if flex else 0
-    return sum(p * expert_cost(x, block_m, granularity) for x, p in _poisson(mean_rows))
+    return sum(p * expert_cost(x, block_m, granularity, costs) for x, p in _poisson(mean_rows))
 
 
-def moe_block_m(num_slots: float, num_experts: int, flex: bool = True) -> int:
+def moe_block_m(num_slots: float, num_experts: int, flex: bool = True,
+                costs: Mapping[int, float] = MOE_TILE_COST) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
     ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least
     :func:`expected_cost` per expert (a larger tile only when it is cheaper by
     :data:`MOE_TILE_MARGIN`; 256 beyond four 256-row tiles per expert, where padding no longer
     matters). 8-token tiles run the streamed kernel (a tile per used expert, its weights
     streamed once), 16-256 WGMMA; ``flex`` (the op's policy) prices the 64-256 tiles at their
-    flexible width, else at whole tiles.
+    flexible width, else at whole tiles. ``costs``: the tile cost table (:data:`MOE_TILE_COST`;
+    tools pass a candidate table to see what it would plan).
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
     8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
@@ -314,9 +319,9 @@ def moe_block_m(num_slots: float, num_experts: int, flex: bool = True) -> int:
     mean = num_slots / max(1, num_experts)
     if mean >= 4 * BLOCK_MS[-1]:
         return BLOCK_MS[-1]
-    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex)
+    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex, costs)
     for bm in BLOCK_MS[1:]:
-        cost = expected_cost(mean, bm, flex)
+        cost = expected_cost(mean, bm, flex, costs)
         if cost < best_cost * MOE_TILE_MARGIN:
             best, best_cost = bm, cost
     return best

@@ -32,14 +32,17 @@ from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
 __all__ = [
     "STREAMK_COUNTERS_ENV",
     "StreamKWorkspace",
+    "bound_gemm",
     "compile_function",
     "compiled",
     "gate_up_global_view",
     "gated_kernel_weights",
     "kernel_weight",
     "linear",
+    "linear_launch",
     "memo_views",
     "mlp",
+    "mlp_launch",
     "per_group_global_view",
     "per_row_global_view",
     "run_gemm",
@@ -435,6 +438,31 @@ def run_gemm(
     )
 
 
+def bound_gemm(plan: GemmPlan, w: torch.Tensor, w_scale: torch.Tensor, w_global: torch.Tensor,
+               device: torch.device, *, bias: torch.Tensor | None = None,
+               swiglu_limit: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``run_gemm(plan, a, w, w_scale, w_global, out, bias=bias, swiglu_limit=swiglu_limit,
+    check=False)`` as a function of ``(a, out)`` (a dense plan; the arguments already in the
+    binaries' form), with the launch's other operands assembled once: what a kept eager
+    launch calls (:func:`linear_launch`). Stream-K plans still get their workspace per call
+    (:func:`run_gemm`)."""
+    if plan.streamk or plan.config.grouped:
+        return functools.partial(_gemm_into, plan, w, w_scale, w_global, bias, swiglu_limit)
+    unused = _unused(device)
+    tail = (unused.i32, unused.i32, unused.f32, bias if bias is not None else unused.bf16,
+            unused.i32, unused.f32, float("inf") if swiglu_limit is None else float(swiglu_limit))
+
+    def gemm(a: torch.Tensor, out: torch.Tensor) -> None:
+        _binary(plan)(a, w, w_scale, w_global, out, *tail)
+
+    return gemm
+
+
+def _gemm_into(plan, w, w_scale, w_global, bias, swiglu_limit, a, out) -> None:
+    run_gemm(plan, a, w, w_scale, w_global, out, bias=bias, swiglu_limit=swiglu_limit,
+             check=False)
+
+
 #: id(plan) -> (plan, binary, lookup, memory-cache generation): a plan's binary without
 #: hashing its config (a frozen dataclass of a dozen fields) on every launch. Checked with
 #: ``is`` against the plan and the current :func:`compiled` (tools and tests replace it), and
@@ -495,15 +523,18 @@ def _order(wfrag: bool) -> WeightOrder:
     return WeightOrder.WFRAG if wfrag else WeightOrder.CHECKPOINT
 
 
-def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
-    """CUDA kernel of ``nvfp4::linear`` (arguments already validated by the op; ``wfrag``:
-    ``weight`` prepared by ``nvfp4::to_wfrag_``): ``bf16 [M, N]``, or None where no kernel
-    covers ``(N, K)`` (the op then runs the reference)."""
-    num_tokens, _ = x.shape
-    n, k = weight.shape[0], x.shape[1]
-    out = torch.empty((num_tokens, n), dtype=torch.bfloat16, device=x.device)
+def linear_launch(x, weight, weight_scale, global_scale, bias, wfrag=False
+                  ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The CUDA launch of ``nvfp4::linear`` for ``x``'s sizes (arguments already validated by
+    the op; ``wfrag``: ``weight`` prepared by ``nvfp4::to_wfrag_``): a function ``x -> bf16
+    [M, N]`` for activations of ``x``'s dtype, shape and strides, which holds the plan and the
+    weights' kernel-form views (not the weight tensors: their storage only); None where no
+    kernel covers ``(N, K)`` (the op then runs the reference). The op keeps it for repeated
+    calls (:class:`nvfp4_ops.ops._eager.Repeats`)."""
+    num_tokens, k = x.shape
+    n, device = weight.shape[0], x.device
     if num_tokens == 0:
-        return out
+        return lambda x: torch.empty((0, n), dtype=torch.bfloat16, device=device)
     plan = dispatch.plan_linear(n, k, num_tokens, has_bias=bias is not None,
                                 order=_order(wfrag))
     if plan is None:
@@ -511,19 +542,33 @@ def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
     w3, scale3, w_global = memo_views(
         "linear", (weight, weight_scale, global_scale),
         lambda: (*kernel_weight(weight, weight_scale), global_rows(global_scale, weight)))
-    run_gemm(plan, _realigned(x), w3, scale3, w_global, out, bias=bias, check=False)
-    return out
+    gemm = bound_gemm(plan, w3, scale3, w_global, device, bias=_alias(bias))
 
-
-def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
-    """CUDA kernel of ``nvfp4::mlp``: SwiGLU fused into the gate/up GEMM's epilogue (``wfrag``:
-    both weights prepared by ``nvfp4::to_wfrag_``): ``bf16 [M, H]``, or None where no kernel
-    covers ``(H, I)`` (the op then runs the reference)."""
-    num_tokens, hidden = x.shape
-    inter = w13.shape[0] // 2
-    out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
-    if num_tokens == 0:
+    def launch(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((num_tokens, n))  # bf16 on x's device, as validated
+        gemm(_realigned(x), out)
         return out
+
+    return launch
+
+
+def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
+    """:func:`linear_launch` run once: ``bf16 [M, N]``, or None where no kernel covers
+    ``(N, K)``."""
+    launch = linear_launch(x, weight, weight_scale, global_scale, bias, wfrag)
+    return None if launch is None else launch(x)
+
+
+def mlp_launch(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+               wfrag=False) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The CUDA launch of ``nvfp4::mlp`` for ``x``'s sizes and this ``swiglu_limit``, SwiGLU
+    fused into the gate/up GEMM's epilogue (``wfrag``: both weights prepared by
+    ``nvfp4::to_wfrag_``): a function ``x -> bf16 [M, H]`` as :func:`linear_launch`
+    describes; None where no kernel covers ``(H, I)`` (the op then runs the reference)."""
+    num_tokens, hidden = x.shape
+    inter, device = w13.shape[0] // 2, x.device
+    if num_tokens == 0:
+        return lambda x: torch.empty((0, hidden), dtype=torch.bfloat16, device=device)
     plans = dispatch.plan_mlp(hidden, inter, num_tokens, order=_order(wfrag))
     if plans is None:
         return None
@@ -531,11 +576,26 @@ def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wf
     weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     w13_3, s13_3, g13, w2_3, s2_3, g2 = memo_views(
         "mlp", weights, lambda: gated_kernel_weights(*weights))
-    act = torch.empty((num_tokens, inter), dtype=torch.bfloat16, device=x.device)
-    run_gemm(gate_up, _realigned(x), w13_3, s13_3, g13, act, swiglu_limit=swiglu_limit,
-             check=False)
-    run_gemm(down, act, w2_3, s2_3, g2, out, check=False)
-    return out
+
+    gemm1 = bound_gemm(gate_up, w13_3, s13_3, g13, device, swiglu_limit=swiglu_limit)
+    gemm2 = bound_gemm(down, w2_3, s2_3, g2, device)
+
+    def launch(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((num_tokens, hidden))  # bf16 on x's device, as validated
+        act = x.new_empty((num_tokens, inter))
+        gemm1(_realigned(x), act)
+        gemm2(act, out)
+        return out
+
+    return launch
+
+
+def mlp(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit, wfrag=False):
+    """:func:`mlp_launch` run once: ``bf16 [M, H]``, or None where no kernel covers
+    ``(H, I)``."""
+    launch = mlp_launch(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_limit,
+                        wfrag)
+    return None if launch is None else launch(x)
 
 
 def run_once(plan: GemmPlan, device: torch.device | str = "cuda") -> None:

@@ -72,7 +72,7 @@ of a small size reuse their buffers (:func:`_call_buffers`) and the Triton launc
 them (:class:`_EagerLaunches`): a repeat pays the launch key of its new inputs only. Their
 GEMMs, which read only those buffers and the weights, are replayed from a CUDA graph captured
 by the first such call (:func:`_gemm_graph`): one graph launch instead of two or four binary
-launches and the weights' views.
+launches.
 
 Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
 in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
@@ -105,7 +105,7 @@ from nvfp4_ops.kernels.triton.moe_routing import (
 )
 from nvfp4_ops.orders.kperm import KPERM
 
-__all__ = ["MoEBuffers", "moe_buffers", "moe_cuda", "moe_forward", "warmup_triton"]
+__all__ = ["MoEBuffers", "moe_buffers", "moe_cuda", "moe_forward", "moe_launch", "warmup_triton"]
 
 
 class MoEBuffers(NamedTuple):
@@ -174,16 +174,17 @@ EAGER_GRAPHS = True
 _capture_streams: dict[int, torch.cuda.Stream] = {}
 
 
-def _graph_key(plan: MoEPlan, weights: tuple[torch.Tensor, ...],
+def _graph_key(plan: MoEPlan, views: tuple[torch.Tensor, ...],
                swiglu_limit: float | None) -> tuple:
     """What a GEMM graph over one set of reused buffers bakes in besides them: the plan (its
-    configs and sizes), the weights' addresses, the global scales' layouts (one per half or
-    per row: their views' strides) and the SwiGLU limit. Codes and block scales are
-    contiguous (the op checked them), so their address and the plan's sizes fix them."""
-    w13, w13_scale, w13_global, w2, w2_scale, w2_global = weights
+    configs and sizes), the weights' addresses and the global scales' view strides (one per
+    half or per row), all from their kernel-form ``views``, and the SwiGLU limit. Codes and
+    block scales are contiguous (the op checked them), so their address and the plan's sizes
+    fix them."""
+    w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
     return (id(plan), swiglu_limit, w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
-            w2_scale.data_ptr(), w13_global.data_ptr(), w13_global.stride(),
-            w2_global.data_ptr(), w2_global.stride())
+            w2_scale.data_ptr(), w13_rows.data_ptr(), w13_rows.stride(), w2_rows.data_ptr(),
+            w2_rows.stride())
 
 
 def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph | None:
@@ -309,8 +310,22 @@ def moe_forward(
     launched with launch overlap when ``plan.chained`` (CUDA tensors only; the GEMMs' launch
     mode is in their own configs, from the same plan).
     """
+    # the weights as the binaries take them (uint8 scale bytes) and views of the op's global
+    # scales: no expansion kernel, no derived state to keep in sync; reused between eager
+    # calls with the same weight tensors (memo_views)
+    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+    views = memo_views("moe", weights, lambda: gated_kernel_weights(*weights))
+    return _forward(hidden, topk_ids, topk_weights, views, expert_start, swiglu_limit,
+                    output_scale, plan, gemm)
+
+
+def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+             views: tuple, expert_start: int, swiglu_limit: float | None, output_scale: float,
+             plan: MoEPlan, gemm: Callable) -> torch.Tensor:
+    """:func:`moe_forward` on the weights' kernel-form ``views`` (:func:`~nvfp4_ops.kernels.
+    linear_cuda.gated_kernel_weights`)."""
     num_tokens, hidden_size = hidden.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    num_experts, inter = views[0].shape[0], views[0].shape[1] // 2
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
     pdl = plan.chained
@@ -335,11 +350,10 @@ def moe_forward(
         gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                     out=(bufs.a, bufs.row_scale))
     a, row_scale = bufs.a, bufs.row_scale
-    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     graph_key = None
     if reused is not None and gemm is run_gemm and EAGER_GRAPHS:
         # a repeated eager call: its GEMMs from the graph the first one captured
-        graph_key = _graph_key(plan, weights, swiglu_limit)
+        graph_key = _graph_key(plan, views, swiglu_limit)
         if graph_key in reused.graphs:
             graph = reused.graphs[graph_key][1]
             reused.graphs.move_to_end(graph_key)
@@ -347,11 +361,7 @@ def moe_forward(
                 graph.replay()
                 return _combine(launches, bufs.a, routing, out,
                                 num_tokens, top_k, output_scale, pdl)
-    # the weights as the binaries take them (uint8 scale bytes) and views of the op's global
-    # scales: no expansion kernel, no derived state to keep in sync; reused between eager
-    # calls with the same weight tensors (memo_views)
-    w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = memo_views(
-        "moe", weights, lambda: gated_kernel_weights(*weights))
+    w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
     # the base tile beside it (module docstring, "Two token tiles"); no second check: the op
     # validated the arguments and every buffer here is built for the plan (contiguous; row
@@ -400,16 +410,20 @@ def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
     return t if rows is None else t[rows]
 
 
-def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
-             w2_global, expert_start, swiglu_limit, output_scale, wperm=False,
-             global_num_experts=-1):
-    """The CUDA implementation of ``nvfp4::moe``: the validated op arguments -> ``bf16 [T, H]``,
-    or None where the grouped GEMMs do not cover the sizes (H or I not a multiple of 128; the
-    op then runs the reference).
-    ``global_num_experts`` only sizes the token tile (:func:`nvfp4_ops.kernels.dispatch.
-    plan_moe`); the ids were checked against it by the op.
+def moe_launch(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+               w2_global, expert_start, swiglu_limit, output_scale, wperm=False,
+               global_num_experts=-1) -> Callable | None:
+    """The CUDA launch of ``nvfp4::moe`` for these sizes (the op's arguments, already
+    validated): a function ``(hidden, topk_ids, topk_weights, expert_start, swiglu_limit,
+    output_scale) -> bf16 [T, H]`` for inputs of the same dtypes, shapes and strides, which
+    holds the plan and the weights' kernel-form views (not the weight tensors: their storage
+    only); None where the grouped GEMMs do not cover the sizes (H or I not a multiple of 128;
+    the op then runs the reference). The op keeps it for repeated calls
+    (:class:`nvfp4_ops.ops._eager.Repeats`).
 
-    MXFP4 scales (``float8_e8m0fnu``, the op validated both) run the kernels' UE8M0 variants.
+    ``global_num_experts`` only sizes the token tile (:func:`nvfp4_ops.kernels.dispatch.
+    plan_moe`); the ids were checked against it by the op. MXFP4 scales
+    (``float8_e8m0fnu``, the op validated both) run the kernels' UE8M0 variants.
 
     Raises:
         NVFP4InputError: ``wperm`` weights at sizes whose kernels cannot read them at every
@@ -418,9 +432,10 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
             (:func:`nvfp4_ops.kernels.dispatch.moe_mx_supported`).
     """
     num_tokens, hidden_size = hidden.shape
-    inter = w13.shape[1] // 2
+    inter, device = w13.shape[1] // 2, hidden.device
     if num_tokens == 0:
-        return torch.empty(0, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+        return lambda hidden, *_: torch.empty(0, hidden_size, dtype=torch.bfloat16,
+                                              device=device)
     if wperm and dispatch.moe_supported(hidden_size, inter) and not (
             dispatch.moe_wperm_supported(hidden_size, inter)):
         raise NVFP4InputError(f"nvfp4.moe: wperm weights at H={hidden_size}, I={inter} need "
@@ -440,9 +455,26 @@ def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_
                              mx=mx)
     if plan is None:
         return None
-    return moe_forward(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
-                       w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
-                       plan=plan)
+    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+    views = memo_views("moe", weights, lambda: gated_kernel_weights(*weights))
+
+    def launch(hidden, topk_ids, topk_weights, expert_start, swiglu_limit, output_scale):
+        return _forward(hidden, topk_ids, topk_weights, views, expert_start, swiglu_limit,
+                        output_scale, plan, run_gemm)
+
+    return launch
+
+
+def moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
+             w2_global, expert_start, swiglu_limit, output_scale, wperm=False,
+             global_num_experts=-1):
+    """:func:`moe_launch` run once: ``bf16 [T, H]``, or None where the grouped GEMMs do not
+    cover the sizes."""
+    launch = moe_launch(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
+                        w2_scale, w2_global, expert_start, swiglu_limit, output_scale, wperm,
+                        global_num_experts)
+    return None if launch is None else launch(hidden, topk_ids, topk_weights, expert_start,
+                                              swiglu_limit, output_scale)
 
 
 def warmup_triton(hidden_size: int, top_k: int, tiles: list[tuple[int, str]],

@@ -1,4 +1,6 @@
-"""When a public wrapper may call its op's CUDA implementation directly.
+"""How the ops keep an eager call's host time small: when a public wrapper may call its op's
+CUDA implementation directly (:func:`direct`), and the launches that repeated calls reuse
+(:class:`Repeats`).
 
 An eager call through ``torch.ops.nvfp4.*`` pays the dispatcher's Python layers of a
 ``torch.library.custom_op`` (autograd wrapper, redispatch, the output-aliasing check, the
@@ -16,10 +18,16 @@ the dispatcher a backward would fail loudly, which a direct call must not hide).
 
 from __future__ import annotations
 
+import functools
+import weakref
+from collections.abc import Callable
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["direct"]
+from nvfp4_ops import _env, _validate
+
+__all__ = ["Repeats", "direct"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -38,3 +46,104 @@ def direct(*tensors: torch.Tensor | None) -> bool:
         if type(t) not in _PLAIN or not t.is_cuda or (grad and t.requires_grad):
             return False
     return True
+
+
+class Repeats:
+    """The prepared launches of an op's CUDA calls, reused by later calls that repeat one.
+
+    What an op does on the host before its kernels run (the metadata and scalar checks, the
+    GPU check, the kernel plan, the weights' kernel-form views) depends only on the
+    arguments' metadata, the Python scalars and the switches. A call that repeats all of them
+    with the same weight tensor objects would get the same answers, so it runs the launch
+    that the first (fully checked) call prepared instead: a layer's weights are the same
+    objects call after call, and its per-call inputs keep their sizes (one entry per size).
+    Never looser than the checks: an entry is found only when every input the checks read
+    is the same as when they passed.
+
+    What must match, per entry:
+
+    * each weight: the same object (by ``id``; the entry goes when one of them is freed),
+      with the same address, dtype, shape, strides and device (a storage swapped in through
+      ``.data`` misses; an in-place write of the values does not, the launch reads memory);
+    * each per-call input (activations, ids, router weights): dtype, shape, strides, device;
+    * the scalar arguments (equal values; a NaN never equals itself, so never repeats);
+    * the switches the checks and the kernel lookup read: ``NVFP4_OPS_BACKEND``,
+      ``NVFP4_OPS_VALUE_CHECKS`` and :func:`nvfp4_ops.set_value_checks` (raw values).
+
+    No entry is kept while the per-call value checks are on (they read device data on every
+    call). A launch holds no reference to the weight tensor objects, only to the views of
+    their storage it was built from, so it never keeps a layer alive.
+
+    Why: the checks, the GPU check, the plan lookup and the weight views took ~8 µs of an
+    eager ``linear`` call's ~19 µs of host time on the H200's host (``python
+    benchmarks/dev/host_split.py``), in front of a ~30 µs kernel.
+    """
+
+    #: per-call sizes (entries) kept per weight set; beyond it they are all dropped
+    PER_WEIGHTS = 256
+    #: weight sets kept (each goes with its tensors anyway); beyond it all are dropped
+    MAX_WEIGHTS = 4096
+
+    def __init__(self) -> None:
+        # id of each weight -> (weak references, their signature, {call key: launch})
+        self._by_weights: dict[tuple, tuple[tuple, list, dict]] = {}
+
+    def find(self, inputs: tuple[torch.Tensor, ...], weights: tuple[torch.Tensor | None, ...],
+             scalars: tuple) -> Callable | None:
+        """The launch kept for a call with these per-call ``inputs``, ``weights`` (None:
+        an optional tensor not given) and ``scalars``, or None."""
+        hit = self._by_weights.get(tuple(map(id, weights)))
+        if hit is None or hit[1] != _weight_sig(weights):
+            return None
+        return hit[2].get(_call_key(inputs, scalars))
+
+    def keep(self, inputs: tuple[torch.Tensor, ...], weights: tuple[torch.Tensor | None, ...],
+             scalars: tuple, launch: Callable) -> None:
+        """Keep ``launch`` for calls repeating this one, which passed every check. Nothing is
+        kept while the per-call value checks are on."""
+        if _validate.value_checks_on():
+            return
+        key = tuple(map(id, weights))
+        sig = _weight_sig(weights)
+        hit = self._by_weights.get(key)
+        if hit is None or hit[1] != sig:
+            if len(self._by_weights) >= self.MAX_WEIGHTS:
+                self._by_weights.clear()
+            forget = functools.partial(_forget, self._by_weights, key)
+            refs = tuple(weakref.ref(t, forget) for t in weights if t is not None)
+            hit = self._by_weights[key] = (refs, sig, {})
+        launches = hit[2]
+        if len(launches) >= self.PER_WEIGHTS:
+            launches.clear()
+        launches[_call_key(inputs, scalars)] = launch
+
+    def clear(self) -> None:
+        """Drop every kept launch."""
+        self._by_weights.clear()
+
+    def __len__(self) -> int:
+        return sum(len(hit[2]) for hit in self._by_weights.values())
+
+
+def _weight_sig(weights: tuple[torch.Tensor | None, ...]) -> list:
+    # no device: under CUDA's unified addressing the address tells the device (the per-call
+    # inputs' device is in the call key, and the checks made the weights' match it)
+    return [None if t is None else (t.data_ptr(), t.dtype, t.shape, t.stride())
+            for t in weights]
+
+
+#: the switches a kept launch depends on: the kernel lookup (backend) and the value checks
+_switches = _env.Snapshot(_env.BACKEND, _env.VALUE_CHECKS)
+
+
+def _call_key(inputs: tuple[torch.Tensor, ...], scalars: tuple) -> tuple:
+    return (*[(t.dtype, t.shape, t.stride(), t.device) for t in inputs], *scalars,
+            *_switches(), _validate.value_checks_override())
+
+
+def _forget(by_weights: dict, key: tuple, _dead: weakref.ref) -> None:
+    """Drop the entry of ``key`` once one of its tensors is gone (unless a newer entry that
+    still has all its tensors took the key)."""
+    entry = by_weights.get(key)
+    if entry is not None and any(r() is None for r in entry[0]):
+        del by_weights[key]

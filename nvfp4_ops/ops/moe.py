@@ -79,23 +79,34 @@ def _moe_op(
                          wperm=wperm)
 
 
+#: launches of calls that repeat a checked one (same weights, same metadata; _eager.Repeats)
+_repeats = _eager.Repeats()
+
+
 @_moe_op.register_kernel("cuda")
 def _moe_cuda(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale,
               w2_global, expert_start, global_num_experts, swiglu_limit, output_scale,
               wperm=False):
+    inputs = (hidden, topk_ids, topk_weights)
+    weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
+    scalars = (expert_start, global_num_experts, swiglu_limit, output_scale, wperm)
+    launch = _repeats.find(inputs, weights, scalars)
+    if launch is not None:  # repeats a call that passed every check below
+        return launch(hidden, topk_ids, topk_weights, expert_start, swiglu_limit, output_scale)
     _check(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
            expert_start, global_num_experts, swiglu_limit, output_scale)
     _device.require_supported_gpu(hidden.device)
-    impl = kernels.cuda_kernel("moe")
-    out = None if impl is None else impl(
+    prepare = kernels.cuda_kernel("moe")
+    launch = None if prepare is None else prepare(
         hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w2_scale, w2_global,
         expert_start, swiglu_limit, output_scale, wperm=wperm,
         global_num_experts=global_num_experts)
-    if out is None:  # the reference is forced, or the grouped GEMMs do not cover (H, I)
+    if launch is None:  # the reference is forced, or the grouped GEMMs do not cover (H, I)
         return moe_reference(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2,
                              w2_scale, w2_global, expert_start, swiglu_limit, output_scale,
                              wperm=wperm)
-    return out
+    _repeats.keep(inputs, weights, scalars, launch)
+    return launch(hidden, topk_ids, topk_weights, expert_start, swiglu_limit, output_scale)
 
 
 @_moe_op.register_fake
