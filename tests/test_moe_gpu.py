@@ -730,6 +730,54 @@ def test_eager_bound_launches_follow_new_argument_kinds(flash):
     assert torch.equal(got[0], got[2]) and torch.equal(got_shifted, got[2])
 
 
+def test_eager_gemm_graphs_replay_exactly(flash, monkeypatch):
+    """Repeated eager calls replay their GEMMs from the graph the first call captured
+    (``moe_cuda._gemm_graph``): bitwise what launching them one by one gives, with new
+    routing and activations, after the weights change in place (the graph reads them then),
+    after a weight's storage moves (a new key, a new capture) and at another SwiGLU limit."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    num_tokens = 2
+    kw = dict(global_num_experts=FLASH.experts)
+    torch.manual_seed(11)
+    calls = []
+    for _ in range(3):
+        hidden = _hidden(num_tokens, FLASH.hidden)
+        ids, weights = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+        calls.append((hidden, ids, weights))
+    experts = type(flash)(**{**flash.__dict__, "w2_global": flash.w2_global.clone(),
+                             "w13_scale": flash.w13_scale.clone()})
+
+    def run(args, limit=FLASH.swiglu_limit):
+        return nvfp4_ops.moe(*args, *experts.args(), swiglu_limit=limit, **kw)
+
+    def roll_scales(shift):  # new block-scale values, in place (the bytes: float8 has no roll)
+        raw = experts.w13_scale.view(torch.uint8)
+        raw.copy_(torch.roll(raw, shift, dims=1))
+
+    got = [run(calls[0])]
+    assert any(any(g is not None for _, g in e.graphs.values())
+               for e in moe_cuda._reused.values()), "the first eager call captured no graph"
+    got.append(run(calls[1]))
+    roll_scales(1)
+    got.append(run(calls[2]))
+    experts.w2_global.data = experts.w2_global * 0.5  # the storage moves
+    got.append(run(calls[0]))
+    got.append(run(calls[1], limit=2.5))
+    monkeypatch.setattr(moe_cuda, "EAGER_GRAPHS", False)
+    roll_scales(-1)
+    experts.w2_global.data = experts.w2_global * 2.0
+    want = [run(calls[0]), run(calls[1])]
+    roll_scales(1)
+    want.append(run(calls[2]))
+    experts.w2_global.data = experts.w2_global * 0.5
+    want += [run(calls[0]), run(calls[1], limit=2.5)]
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), f"eager call {i}: graph replay != one-by-one launches"
+    ref = moe_reference(*calls[1], *experts.args(), 0, 2.5, 1.0)
+    assert_moe_close(got[-1], ref, "v4-flash T=2, graph-replayed GEMMs")
+
+
 def test_eager_calls_of_large_size_allocate(flash):
     """Above ``_REUSE_MAX`` bytes of intermediates an eager call keeps nothing."""
     from nvfp4_ops.kernels import moe_cuda

@@ -69,7 +69,10 @@ allocator, so the graph pool under capture), every launch goes to the current st
 grid comes from ``(T, k, E, H, I)`` and the plan: no host synchronisation, so the whole op can
 be captured in a CUDA graph and replayed with new hidden states *and* new routing. Eager calls
 of a small size reuse their buffers (:func:`_call_buffers`) and the Triton launches bound to
-them (:class:`_EagerLaunches`): a repeat pays the launch key of its new inputs only.
+them (:class:`_EagerLaunches`): a repeat pays the launch key of its new inputs only. Their
+GEMMs, which read only those buffers and the weights, are replayed from a CUDA graph captured
+by the first such call (:func:`_gemm_graph`): one graph launch instead of two or four binary
+launches.
 
 Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
 in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
@@ -78,6 +81,7 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -148,14 +152,73 @@ class _EagerLaunches(NamedTuple):
 
 
 class _Reused:
-    """One set of reused buffers, its size in bytes, and its bound launches (built by the
-    first call that uses them)."""
+    """One set of reused buffers, its size in bytes, its bound launches (built by the first
+    call that uses them) and the CUDA graphs of the GEMMs over them (:func:`_gemm_graph`)."""
 
-    __slots__ = ("bufs", "nbytes", "launches")
+    __slots__ = ("bufs", "nbytes", "launches", "graphs")
 
     def __init__(self, bufs: MoEBuffers, nbytes: int) -> None:
         self.bufs, self.nbytes = bufs, nbytes
         self.launches: _EagerLaunches | None = None
+        #: graph key -> (plan, graph or None): the entry holds the plan, so its ``id`` in
+        #: the key cannot be reused by another plan while the entry exists
+        self.graphs: OrderedDict[tuple, tuple[MoEPlan, torch.cuda.CUDAGraph | None]] = (
+            OrderedDict())
+
+
+#: GEMM graphs kept per set of reused buffers (one per layer and plan: a model's MoE layers
+#: each have their own weights), least recently used dropped first
+_GRAPHS_MAX = 256
+#: replay eager calls' GEMMs from CUDA graphs (tests switch it off to compare)
+EAGER_GRAPHS = True
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _graph_key(plan: MoEPlan, views: tuple[torch.Tensor, ...],
+               swiglu_limit: float | None) -> tuple:
+    """What a GEMM graph over one set of reused buffers bakes in besides them: the plan (its
+    configs and sizes), the weights' addresses and the global scales' view strides (one per
+    half or per row), all from their kernel-form ``views``, and the SwiGLU limit. Codes and
+    block scales are contiguous (the op checked them), so their address and the plan's sizes
+    fix them."""
+    w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
+    return (id(plan), swiglu_limit, w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
+            w2_scale.data_ptr(), w13_rows.data_ptr(), w13_rows.stride(), w2_rows.data_ptr(),
+            w2_rows.stride())
+
+
+def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph | None:
+    """``launch()`` (the GEMM launches of one eager call, their binaries already loaded by that
+    call) captured into a CUDA graph on a side stream, for later calls to replay on theirs;
+    None (with a warning) if the capture fails, and those calls launch as before.
+
+    Why it is exact: the graph holds the same launches with the same arguments, all of which
+    are in its key (:func:`_graph_key`) or are the reused buffers it belongs to; a replay reads
+    whatever those addresses hold then (new routing, activations, weight values updated in
+    place), and a weight whose storage moved gets a new key. Why it pays: an eager call's
+    GEMMs otherwise cost ~5 µs of host time per binary launch plus the weights' views, against
+    ~3 µs for one graph launch."""
+    index = device.index
+    side = _capture_streams.get(index)
+    if side is None:
+        side = _capture_streams[index] = torch.cuda.Stream(device)
+    current = torch.cuda.current_stream(device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                launch()
+            finally:
+                graph.capture_end()
+    except Exception as exc:  # noqa: BLE001 - reported; the calls go on without a graph
+        warnings.warn(f"nvfp4.moe: capturing an eager call's GEMMs failed ({exc!r}); its "
+                      "later calls launch them one by one", RuntimeWarning, stacklevel=3)
+        return None
+    finally:
+        current.wait_stream(side)
+    return graph
 
 
 _reused: OrderedDict[tuple, _Reused] = OrderedDict()
@@ -269,7 +332,7 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     bufs, reused = _call_buffers(hidden.device, plan, top_k, num_slots, num_experts,
                                  hidden_size, inter, pdl)
     hot = plan.hot
-    launches = None
+    launches = out = None
     if reused is not None and num_slots <= FUSED_MAX_SLOTS:
         # repeated eager calls: the launches bound to these buffers (_EagerLaunches)
         out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
@@ -287,6 +350,17 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                     out=(bufs.a, bufs.row_scale))
     a, row_scale = bufs.a, bufs.row_scale
+    graph_key = None
+    if reused is not None and gemm is run_gemm and EAGER_GRAPHS:
+        # a repeated eager call: its GEMMs from the graph the first one captured
+        graph_key = _graph_key(plan, views, swiglu_limit)
+        if graph_key in reused.graphs:
+            graph = reused.graphs[graph_key][1]
+            reused.graphs.move_to_end(graph_key)
+            if graph is not None:
+                graph.replay()
+                return _combine(launches, bufs.a, routing, out,
+                                num_tokens, top_k, output_scale, pdl)
     w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
     # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
     # the base tile beside it (module docstring, "Two token tiles"); no second check: the op
@@ -301,14 +375,31 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         tiles = [(hot.gate_up, hot.down, slice(routing.hot_row0, None),
                   routing.hot_tile_expert, routing.hot_tile_rows),
                  (plan.gate_up, plan.down, base_rows, routing.tile_expert, routing.tile_rows)]
-    for gate_up, _, rows, tile_expert, tile_rows in tiles:
-        gemm(gate_up, _rows(a, rows), w13, w13_scale, w13_rows, _rows(act, rows),
-             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
-             swiglu_limit=swiglu_limit, check=False)
-    for _, down, rows, tile_expert, tile_rows in tiles:
-        gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
-             tile_expert=tile_expert, tile_rows=tile_rows, row_scale=_rows(row_scale, rows),
-             swiglu_limit=None, check=False)
+
+    def launch_gemms() -> None:
+        for gate_up, _, rows, tile_expert, tile_rows in tiles:
+            gemm(gate_up, _rows(a, rows), w13, w13_scale, w13_rows, _rows(act, rows),
+                 tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
+                 swiglu_limit=swiglu_limit, check=False)
+        for _, down, rows, tile_expert, tile_rows in tiles:
+            gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
+                 tile_expert=tile_expert, tile_rows=tile_rows,
+                 row_scale=_rows(row_scale, rows), swiglu_limit=None, check=False)
+
+    launch_gemms()
+    if graph_key is not None:  # the first eager call of this key: capture for the next ones
+        reused.graphs[graph_key] = (plan, _gemm_graph(launch_gemms, hidden.device))
+        while len(reused.graphs) > _GRAPHS_MAX:
+            reused.graphs.popitem(last=False)
+    return _combine(launches, expert_out, routing, out, num_tokens,
+                    top_k, output_scale, pdl)
+
+
+def _combine(launches: _EagerLaunches | None, expert_out: torch.Tensor, routing: MoERouting,
+             out: torch.Tensor | None, num_tokens: int, top_k: int, output_scale: float,
+             pdl: bool) -> torch.Tensor:
+    """The op's last step: the bound combine launch into ``out`` where the call has bound
+    launches, else :func:`combine` into a fresh output."""
     if launches is None:
         return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
     launches.combine(out, float(output_scale))
