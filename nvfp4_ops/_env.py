@@ -131,7 +131,7 @@ class Snapshot:
 
     def __init__(self, *names: str) -> None:
         self.names = names
-        self._encoded = [os.fsencode(n) for n in names] if os.name == "posix" else None
+        self._encoded = [_encoded(n) for n in names] if os.name == "posix" else None
 
     def __call__(self) -> list:
         data = getattr(os.environ, "_data", None)

@@ -18,13 +18,13 @@ it across eager calls (:func:`memo_views`), then launch with ``run_gemm(..., che
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from nvfp4_ops import _compile, _env
+from nvfp4_ops._weak import entry_refs
 from nvfp4_ops.kernels import dispatch
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
@@ -258,8 +258,7 @@ def memo_views(kind: str, tensors: tuple[torch.Tensor, ...],
     views = tuple(_alias(v) for v in build())
     if len(_views) >= _VIEWS_MAX:
         _views.clear()
-    forget = functools.partial(_forget, _views, key)  # no module globals: runs at exit too
-    refs = tuple(weakref.ref(t, forget) for t in tensors)
+    refs = entry_refs(_views, key, tensors)
     _views[key] = (refs, sig, views)
     return views
 
@@ -272,14 +271,6 @@ def _alias(v):
     Python object alive (torch preserves it while the C++ tensor is referenced); a detached
     alias keeps only the storage (``tests/test_global_views.py`` checks both)."""
     return v.detach() if isinstance(v, torch.Tensor) else v
-
-
-def _forget(views: dict, key: tuple, _dead: weakref.ref) -> None:
-    """Drop the views of ``key`` once one of its tensors is gone (unless a newer entry that
-    still has all its tensors took the key)."""
-    entry = views.get(key)
-    if entry is not None and any(r() is None for r in entry[0]):
-        del views[key]
 
 
 def kernel_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -418,24 +409,23 @@ def run_gemm(
         if workspace is None:
             workspace = streamk_workspace(cfg, num_rows, dev)
         counters, scratch = workspace
-    if tile_expert is None:
-        tile_expert = tile_rows = unused.i32
-    elif tile_rows is None:
+    if tile_expert is not None and tile_rows is None:
         tile_rows = torch.full_like(tile_expert, cfg.block_m)
-    _binary(plan)(
-        a,
-        w,
-        w_scale,
-        w_global,
-        out,
-        tile_expert,
-        tile_rows,
-        row_scale if row_scale is not None else unused.f32,
-        bias if bias is not None else unused.bf16,
-        counters,
-        scratch,
-        float("inf") if swiglu_limit is None else float(swiglu_limit),
-    )
+    _binary(plan)(a, w, w_scale, w_global, out,
+                  *_operands_after_out(unused, tile_expert, tile_rows, row_scale, bias,
+                                       counters, scratch, swiglu_limit))
+
+
+def _operands_after_out(unused: _Unused, tile_expert, tile_rows, row_scale, bias, counters,
+                        scratch, swiglu_limit) -> tuple:
+    """The binaries' operands after ``out``, in their order, with the one-element stand-ins
+    of ``unused`` for those a launch does not use (the one place that order is written)."""
+    return (tile_expert if tile_expert is not None else unused.i32,
+            tile_rows if tile_rows is not None else unused.i32,
+            row_scale if row_scale is not None else unused.f32,
+            bias if bias is not None else unused.bf16,
+            counters, scratch,
+            float("inf") if swiglu_limit is None else float(swiglu_limit))
 
 
 def bound_gemm(plan: GemmPlan, w: torch.Tensor, w_scale: torch.Tensor, w_global: torch.Tensor,
@@ -449,8 +439,8 @@ def bound_gemm(plan: GemmPlan, w: torch.Tensor, w_scale: torch.Tensor, w_global:
     if plan.streamk or plan.config.grouped:
         return functools.partial(_gemm_into, plan, w, w_scale, w_global, bias, swiglu_limit)
     unused = _unused(device)
-    tail = (unused.i32, unused.i32, unused.f32, bias if bias is not None else unused.bf16,
-            unused.i32, unused.f32, float("inf") if swiglu_limit is None else float(swiglu_limit))
+    tail = _operands_after_out(unused, None, None, None, bias, unused.i32, unused.f32,
+                               swiglu_limit)
 
     def gemm(a: torch.Tensor, out: torch.Tensor) -> None:
         _binary(plan)(a, w, w_scale, w_global, out, *tail)

@@ -18,14 +18,13 @@ the dispatcher a backward would fail loudly, which a direct call must not hide).
 
 from __future__ import annotations
 
-import functools
-import weakref
 from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from nvfp4_ops import _env, _validate
+from nvfp4_ops._weak import entry_refs
 
 __all__ = ["Repeats", "direct"]
 
@@ -112,9 +111,7 @@ class Repeats:
         if hit is None or hit[1] != sig:
             if len(self._by_weights) >= self.MAX_WEIGHTS:
                 self._by_weights.clear()
-            forget = functools.partial(_forget, self._by_weights, key)
-            refs = tuple(weakref.ref(t, forget) for t in weights if t is not None)
-            hit = self._by_weights[key] = (refs, sig, {})
+            hit = self._by_weights[key] = (entry_refs(self._by_weights, key, weights), sig, {})
         launches = hit[2]
         if len(launches) >= self.PER_WEIGHTS:
             launches.clear()
@@ -142,11 +139,3 @@ _switches = _env.Snapshot(_env.BACKEND, _env.VALUE_CHECKS)
 def _call_key(inputs: tuple[torch.Tensor, ...], scalars: tuple) -> tuple:
     return (*[(t.dtype, t.shape, t.stride(), t.device) for t in inputs], *scalars,
             *_switches(), _validate.value_checks_override())
-
-
-def _forget(by_weights: dict, key: tuple, _dead: weakref.ref) -> None:
-    """Drop the entry of ``key`` once one of its tensors is gone (unless a newer entry that
-    still has all its tensors took the key)."""
-    entry = by_weights.get(key)
-    if entry is not None and any(r() is None for r in entry[0]):
-        del by_weights[key]
