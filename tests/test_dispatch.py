@@ -260,6 +260,24 @@ def test_flexible_width_cost():
     assert D.expected_cost(60.0, 128) < D.expected_cost(60.0, 128, flex=False)
 
 
+def test_narrow_widths_priced_at_32():
+    """The 64-row tile runs widths of 16 (``MOE_FLEX``) but the tile choice prices its partial
+    tile at 32 or more (``MOE_PRICED_WIDTH_MIN``): T = 512 at EP 1 keeps the 16-row tile,
+    where the 64-row tile at width 16 measured slower (DESIGN.md section 8)."""
+    assert D.MOE_FLEX[64] == 16 and D.MOE_PRICED_WIDTH_MIN == 32
+    assert D.moe_priced_granularity(64) == 32
+    assert D.moe_priced_granularity(128) == D.MOE_FLEX[128]
+    assert D.moe_priced_granularity(256) == D.MOE_FLEX[256]
+    assert D.moe_priced_granularity(16) == D.moe_priced_granularity(8) == 0
+    assert D.expected_cost(10.0, 64) == pytest.approx(sum(
+        p * D.expert_cost(x, 64, 32) for x, p in D._poisson(10.0)), rel=1e-12)
+    for sizes in ((512, 6, 256, 4096, 2048), (512, 6, 384, 7168, 3072)):
+        plan = D.plan_moe(*sizes)
+        assert plan.block_m == 16, (sizes, plan.block_m)
+    flash = D.plan_moe(2048, 6, 256, 4096, 2048)
+    assert flash.block_m == 64 and flash.gate_up.config.flex == flash.down.config.flex == 16
+
+
 def test_flexible_width_in_the_moe_plan():
     """The op's plan runs its 64-256-row tiles (two or more row warpgroups) at flexible
     width, hot tile included, and its 128-row tiles (and V4-Pro's 64-row ones, K >= 3072)

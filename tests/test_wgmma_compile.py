@@ -154,6 +154,8 @@ def test_flexible_width_configs():
     assert w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True,
                                    block_m=256, flex=64).widths == (64, 128, 192, 256)
     assert w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True).widths == (128,)
+    assert w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True, block_m=64,
+                                   flex=16).widths == (16, 32, 48, 64)
     for kw in (dict(grouped=False), dict(block_m=256, flex=32), dict(flex=48),
                dict(block_m=32, flex=64)):
         with pytest.raises(ValueError, match="flex="):
@@ -176,3 +178,9 @@ def test_flexible_width_kernel_has_a_wgmma_per_width(tmp_path):
     assert shapes(flex, "flex") == [32, 64, 96, 128]
     whole = _plan(4096, 4096, 128, "swiglu", grouped=True, permuted=True, chained=True)
     assert shapes(whole, "whole") == [128]
+    import dataclasses
+
+    sixteen = dataclasses.replace(
+        _plan(4096, 4096, 64, "swiglu", grouped=True, permuted=True, chained=True, flex=True),
+        flex=16)
+    assert shapes(sixteen, "sixteen") == [16, 32, 48, 64]

@@ -114,7 +114,7 @@ def _model_units(counts: list[int], block_m: int, costs: dict[int, float], flex:
     dispatch's own pricing of flexible partial tiles where ``flex``)."""
     from nvfp4_ops.kernels import dispatch
 
-    gran = dispatch.MOE_FLEX.get(block_m, 0) if flex else 0
+    gran = dispatch.moe_priced_granularity(block_m) if flex else 0
     return sum(dispatch.expert_cost(c, block_m, gran, costs) for c in counts if c)
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "moe_hot_class",
     "MOE_HOT_TILE",
     "moe_mx_supported",
+    "moe_priced_granularity",
     "moe_supported",
     "MOE_TILE_COST",
     "moe_width_cost",
@@ -130,7 +131,12 @@ MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
 #: MoE: the width granularity of each grouped WGMMA tile of several row warpgroups: a CTA runs
 #: its tile only as wide as its real rows need, rounded up to a multiple of this
 #: (``WgmmaConfig.flex``; DESIGN.md section 8, "Flexible width")
-MOE_FLEX = {64: 32, 128: 32, 256: 64}
+MOE_FLEX = {64: 16, 128: 32, 256: 64}
+#: MoE: the narrowest width the tile choice prices a flexible tile's partial last tile at. A
+#: 64-row tile runs 16 wide faster than 32 wide, but not as fast as the 16-row tile; priced as
+#: one, it took T = 512 from the 16-row tile and was slower there (DESIGN.md section 8,
+#: "Flexible width")
+MOE_PRICED_WIDTH_MIN = 32
 #: a larger token tile must cost this much less than a smaller one to be chosen
 MOE_TILE_MARGIN = 0.98
 #: MoE: the hot token tile of each base WGMMA tile (experts whose rows cost less in it take
@@ -278,6 +284,13 @@ def moe_width_cost(width: int, costs: Mapping[int, float] = MOE_TILE_COST) -> fl
     raise ValueError(f"no tile cost for width {width}")
 
 
+def moe_priced_granularity(block_m: int) -> int:
+    """The granularity the tile choice prices ``block_m``'s partial last tile at:
+    :data:`MOE_FLEX`, at least :data:`MOE_PRICED_WIDTH_MIN` (0 for tiles of whole width)."""
+    flex = MOE_FLEX.get(block_m, 0)
+    return max(flex, MOE_PRICED_WIDTH_MIN) if flex else 0
+
+
 def expert_cost(rows: int, block_m: int, flex: int = 0,
                 costs: Mapping[int, float] = MOE_TILE_COST) -> float:
     """Cost (``costs`` units, :data:`MOE_TILE_COST` by default) of one expert's ``rows`` in
@@ -293,10 +306,10 @@ def expert_cost(rows: int, block_m: int, flex: int = 0,
 def expected_cost(mean_rows: float, block_m: int, flex: bool = True,
                   costs: Mapping[int, float] = MOE_TILE_COST) -> float:
     """``E[expert_cost(X, block_m)]`` for ``X ~ Poisson(mean_rows)`` (the tile's
-    :data:`MOE_FLEX` granularity where ``flex``; ``costs`` as :func:`expert_cost`)."""
+    :func:`moe_priced_granularity` where ``flex``; ``costs`` as :func:`expert_cost`)."""
     if mean_rows <= 0:
         return 0.0
-    granularity = MOE_FLEX.get(block_m, 0) if flex else 0
+    granularity = moe_priced_granularity(block_m) if flex else 0
     return sum(p * expert_cost(x, block_m, granularity, costs) for x, p in _poisson(mean_rows))
 
 

@@ -174,17 +174,16 @@ EAGER_GRAPHS = True
 _capture_streams: dict[int, torch.cuda.Stream] = {}
 
 
-def _graph_key(plan: MoEPlan, views: tuple[torch.Tensor, ...],
-               swiglu_limit: float | None) -> tuple:
-    """What a GEMM graph over one set of reused buffers bakes in besides them: the plan (its
-    configs and sizes), the weights' addresses and the global scales' view strides (one per
-    half or per row), all from their kernel-form ``views``, and the SwiGLU limit. Codes and
-    block scales are contiguous (the op checked them), so their address and the plan's sizes
-    fix them."""
+def _weights_key(plan: MoEPlan, views: tuple[torch.Tensor, ...]) -> tuple:
+    """What a GEMM graph over one set of reused buffers bakes in besides them and the SwiGLU
+    limit (its key is ``(this, swiglu_limit)``): the plan (its configs and sizes), the
+    weights' addresses and the global scales' view strides (one per half or per row), all
+    from their kernel-form ``views``. Codes and block scales are contiguous (the op checked
+    them), so their address and the plan's sizes fix them. A kept launch computes it once
+    (its plan and views are fixed: :func:`moe_launch`)."""
     w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
-    return (id(plan), swiglu_limit, w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
-            w2_scale.data_ptr(), w13_rows.data_ptr(), w13_rows.stride(), w2_rows.data_ptr(),
-            w2_rows.stride())
+    return (id(plan), w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(),
+            w13_rows.data_ptr(), w13_rows.stride(), w2_rows.data_ptr(), w2_rows.stride())
 
 
 def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph | None:
@@ -193,7 +192,7 @@ def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.
     None (with a warning) if the capture fails, and those calls launch as before.
 
     Why it is exact: the graph holds the same launches with the same arguments, all of which
-    are in its key (:func:`_graph_key`) or are the reused buffers it belongs to; a replay reads
+    are in its key (:func:`_weights_key` and the SwiGLU limit) or are the reused buffers it belongs to; a replay reads
     whatever those addresses hold then (new routing, activations, weight values updated in
     place), and a weight whose storage moved gets a new key. Why it pays: an eager call's
     GEMMs otherwise cost ~5 µs of host time per binary launch plus the weights' views, against
@@ -316,14 +315,15 @@ def moe_forward(
     weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     views = memo_views("moe", weights, lambda: gated_kernel_weights(*weights))
     return _forward(hidden, topk_ids, topk_weights, views, expert_start, swiglu_limit,
-                    output_scale, plan, gemm)
+                    output_scale, plan, gemm, None)
 
 
 def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
              views: tuple, expert_start: int, swiglu_limit: float | None, output_scale: float,
-             plan: MoEPlan, gemm: Callable) -> torch.Tensor:
+             plan: MoEPlan, gemm: Callable, weights_key: tuple | None) -> torch.Tensor:
     """:func:`moe_forward` on the weights' kernel-form ``views`` (:func:`~nvfp4_ops.kernels.
-    linear_cuda.gated_kernel_weights`)."""
+    linear_cuda.gated_kernel_weights`); ``weights_key``: :func:`_weights_key` of ``plan`` and
+    ``views`` where the caller keeps it (None: computed when needed)."""
     num_tokens, hidden_size = hidden.shape
     num_experts, inter = views[0].shape[0], views[0].shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -353,7 +353,9 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     graph_key = None
     if reused is not None and gemm is run_gemm and EAGER_GRAPHS:
         # a repeated eager call: its GEMMs from the graph the first one captured
-        graph_key = _graph_key(plan, views, swiglu_limit)
+        if weights_key is None:
+            weights_key = _weights_key(plan, views)
+        graph_key = (weights_key, swiglu_limit)
         if graph_key in reused.graphs:
             graph = reused.graphs[graph_key][1]
             reused.graphs.move_to_end(graph_key)
@@ -457,10 +459,11 @@ def moe_launch(hidden, topk_ids, topk_weights, w13, w13_scale, w13_global, w2, w
         return None
     weights = (w13, w13_scale, w13_global, w2, w2_scale, w2_global)
     views = memo_views("moe", weights, lambda: gated_kernel_weights(*weights))
+    weights_key = _weights_key(plan, views)
 
     def launch(hidden, topk_ids, topk_weights, expert_start, swiglu_limit, output_scale):
         return _forward(hidden, topk_ids, topk_weights, views, expert_start, swiglu_limit,
-                        output_scale, plan, run_gemm)
+                        output_scale, plan, run_gemm, weights_key)
 
     return launch
 

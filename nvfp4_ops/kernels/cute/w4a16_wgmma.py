@@ -305,10 +305,10 @@ class WgmmaConfig(GemmProblem):
         if self.scale_ahead and self.stage_k != 128:
             raise ValueError("scale_ahead is for 128-k stages")
         if self.flex and not (self.grouped and not self.streamk and self.split_k == 1
-                              and self.flex in (32, 64) and self.block_m % self.flex == 0
+                              and self.flex in (16, 32, 64) and self.block_m % self.flex == 0
                               and self.block_m // self.flex <= 4):
             raise ValueError(f"flex={self.flex}: a width granularity is for grouped tiles "
-                             "without split_k, 32 or 64 dividing block_m in at most 4 widths")
+                             "without split_k, 16, 32 or 64 dividing block_m in at most 4 widths")
         if self.mx and not (self.grouped and self.permuted and not self.streamk):
             raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm tiles")
 

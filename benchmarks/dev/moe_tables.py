@@ -1,0 +1,96 @@
+"""The README's MoE tables from `bench_moe.py` JSON, and how many cells meet each target.
+
+Reads `bench_moe_{nvfp4,mxfp4}_{shape}.json` (written by `python benchmarks/bench_moe.py
+--format nvfp4 mxfp4 --out-dir DIR`) and prints, per shape, the README's markdown table (µs
+of the uniform EP 1 row, ratios against Humming and bf16 per routing and EP slice), then a
+summary: cells ahead of Humming, cells at 1.2× or more, the cells behind, and the MXFP4 cells
+slower than NVFP4 in the same run. No GPU.
+
+    python benchmarks/dev/moe_tables.py --dir benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+_NAMES = {"v4-flash": "V4-Flash", "v4-pro": "V4-Pro"}
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        data = json.load(f)
+    return {(r["ep"], r["routing"], r["T"]): r for r in data["rows"]}
+
+
+def _ratio(row: dict | None, key: str) -> str:
+    value = None if row is None else row.get(key)
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
+    """The README's markdown table of one shape."""
+    tokens = sorted({t for _, _, t in nv})
+    head = [f"| {_NAMES.get(shape, shape)} | " + " | ".join(
+        ("T = " if i == 0 else "") + str(t) for i, t in enumerate(tokens)) + " |",
+        "|---" * (len(tokens) + 1) + "|"]
+    us = []
+    for t in tokens:
+        row = nv.get((1, "uniform", t))
+        us.append("-" if row is None or row.get("ours_us") is None
+                  else f"{row['ours_us']:.1f}" if row["ours_us"] < 100 else f"{row['ours_us']:.0f}")
+    lines = head + ["| µs, uniform | " + " | ".join(us) + " |"]
+    rows = [("vs Humming, uniform", nv, (1, "uniform"), "speedup_vs_humming"),
+            ("vs Humming, skewed (Zipf 1.2)", nv, (1, "skew"), "speedup_vs_humming"),
+            ("vs Humming, one EP 8 rank, uniform", nv, (8, "uniform"), "speedup_vs_humming"),
+            ("vs Humming, one EP 8 rank, skewed", nv, (8, "skew"), "speedup_vs_humming")]
+    if mx is not None:
+        rows += [("MXFP4 vs Humming's MXFP4, uniform", mx, (1, "uniform"), "speedup_vs_humming"),
+                 ("MXFP4 vs Humming's MXFP4, skewed", mx, (1, "skew"), "speedup_vs_humming")]
+    rows.append(("vs bf16, uniform", nv, (1, "uniform"), "speedup_vs_bf16"))
+    for label, cells, (ep, routing), key in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            _ratio(cells.get((ep, routing, t)), key) for t in tokens) + " |")
+    return lines
+
+
+def summary(name: str, cells: dict) -> list[str]:
+    """Counts against Humming, and the cells behind it."""
+    ratios = {k: r["speedup_vs_humming"] for k, r in cells.items()
+              if r.get("speedup_vs_humming") is not None}
+    behind = sorted((k, v) for k, v in ratios.items() if v < 1.0)
+    out = [f"{name}: ahead of Humming in {sum(v > 1.0 for v in ratios.values())} of "
+           f"{len(ratios)} cells, 1.2x or more in {sum(v >= 1.2 for v in ratios.values())}"]
+    out += [f"  behind: EP {ep} {routing} T = {t}: {v:.2f}x" for (ep, routing, t), v in behind]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", default="benchmarks/results",
+                        help="the folder with bench_moe_*.json")
+    parser.add_argument("--shapes", nargs="+", default=["v4-flash", "v4-pro"])
+    args = parser.parse_args()
+    notes = []
+    for shape in args.shapes:
+        nv_path = os.path.join(args.dir, f"bench_moe_nvfp4_{shape}.json")
+        mx_path = os.path.join(args.dir, f"bench_moe_mxfp4_{shape}.json")
+        nv = _load(nv_path)
+        mx = _load(mx_path) if os.path.exists(mx_path) else None
+        print("\n".join(table(shape, nv, mx)), end="\n\n")
+        notes += summary(f"{shape} nvfp4", nv)
+        if mx is not None:
+            notes += summary(f"{shape} mxfp4", mx)
+            slower = sorted((k, r["speedup_vs_ours_nvfp4"]) for k, r in mx.items()
+                            if r.get("speedup_vs_ours_nvfp4") is not None
+                            and r["speedup_vs_ours_nvfp4"] < 1.0)
+            notes.append(f"{shape} mxfp4 slower than nvfp4 in {len(slower)} of {len(mx)} cells"
+                         + "".join(f"\n  EP {ep} {routing} T = {t}: {v:.3f}x"
+                                   for (ep, routing, t), v in slower))
+    print("\n".join(notes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
