@@ -260,12 +260,21 @@ def test_flexible_width_cost():
     assert D.expected_cost(60.0, 128) < D.expected_cost(60.0, 128, flex=False)
 
 
-def test_narrow_widths_priced_at_32():
-    """The 64-row tile runs widths of 16 (``MOE_FLEX``) but the tile choice prices its partial
-    tile at 32 or more (``MOE_PRICED_WIDTH_MIN``): T = 512 at EP 1 keeps the 16-row tile,
-    where the 64-row tile at width 16 measured slower (DESIGN.md section 8)."""
+def test_narrow_widths_priced_at_32_where_a_hot_class_may_run():
+    """The 64-row tile runs widths of 16 (``MOE_FLEX``) but where a hot class may take the hot
+    experts the tile choice prices its partial tile at 32 or more (``MOE_PRICED_WIDTH_MIN``):
+    T = 512 at EP 1 keeps the 16-row tile, where the 64-row tile at width 16 measured slower;
+    one EP 8 rank (no hot class) prices width 16 and takes the 64-row tile there (DESIGN.md
+    section 8)."""
     assert D.MOE_FLEX[64] == 16 and D.MOE_PRICED_WIDTH_MIN == 32
     assert D.moe_priced_granularity(64) == 32
+    assert D.moe_priced_granularity(64, hot=False) == 16
+    assert D.moe_priced_granularity(256, hot=False) == D.MOE_FLEX[256]
+    assert D.expected_cost(12.0, 64, hot=False) < D.expected_cost(12.0, 64)
+    flash_ep8 = D.plan_moe(512, 6, 32, 4096, 2048, global_num_experts=256)
+    assert flash_ep8.block_m == 64 and flash_ep8.hot is None
+    assert D.plan_moe(1024, 6, 48, 7168, 3072, global_num_experts=384).block_m == 64
+    assert D.plan_moe(1024, 6, 384, 7168, 3072).block_m == 32
     assert D.moe_priced_granularity(128) == D.MOE_FLEX[128]
     assert D.moe_priced_granularity(256) == D.MOE_FLEX[256]
     assert D.moe_priced_granularity(16) == D.moe_priced_granularity(8) == 0
@@ -329,11 +338,13 @@ def test_expected_tiles_is_the_poisson_mean_of_the_ceiling():
 def test_moe_tile_follows_the_ranks_share_of_the_slots():
     """Under expert parallelism the tile is sized for the slots expected on this rank (its
     share of the experts), not for all T * k: one rank of EP 8 gets the tile of the whole op
-    at the same T. The padded rows still bound every slot (all may be local)."""
+    at the same T, except where the whole op's choice counts on a hot class (T = 512: the
+    64-row tile priced at width 16 on the rank). The padded rows still bound every slot (all
+    may be local)."""
     for t in (1, 8, 128, 512, 2048, 4096, 16384):
         whole = D.plan_moe(t, 6, 256, 4096, 2048)
         rank = D.plan_moe(t, 6, 32, 4096, 2048, global_num_experts=256)
-        assert rank.block_m == whole.block_m, t
+        assert rank.block_m == (64 if t == 512 else whole.block_m), t
         assert rank.num_rows >= t * 6 and rank.num_rows % rank.block_m == 0
     assert D.plan_moe(512, 6, 32, 4096, 2048).block_m == 128  # count unknown: all local
     assert D.plan_moe(512, 6, 32, 4096, 2048, global_num_experts=32).block_m == 128

@@ -132,10 +132,12 @@ MOE_TILE_COST = {8: 1.0, 16: 1.11, 32: 1.35, 64: 1.8, 128: 2.75, 256: 4.3}
 #: its tile only as wide as its real rows need, rounded up to a multiple of this
 #: (``WgmmaConfig.flex``; DESIGN.md section 8, "Flexible width")
 MOE_FLEX = {64: 16, 128: 32, 256: 64}
-#: MoE: the narrowest width the tile choice prices a flexible tile's partial last tile at. A
-#: 64-row tile runs 16 wide faster than 32 wide, but not as fast as the 16-row tile; priced as
-#: one, it took T = 512 from the 16-row tile and was slower there (DESIGN.md section 8,
-#: "Flexible width")
+#: MoE: the narrowest width the tile choice prices a flexible tile's partial last tile at,
+#: where a hot class can take the hot experts. A 64-row tile runs 16 wide faster than 32
+#: wide, but not as fast as the 16-row tile; priced as one, it took T = 512 at EP 1 from the
+#: 16-row tile and was slower there. Without a hot class (a rank with less than half of the
+#: slots) the larger flexible tile serves the hot experts too and paid at the narrow price
+#: (DESIGN.md section 8, "Flexible width")
 MOE_PRICED_WIDTH_MIN = 32
 #: a larger token tile must cost this much less than a smaller one to be chosen
 MOE_TILE_MARGIN = 0.98
@@ -284,11 +286,12 @@ def moe_width_cost(width: int, costs: Mapping[int, float] = MOE_TILE_COST) -> fl
     raise ValueError(f"no tile cost for width {width}")
 
 
-def moe_priced_granularity(block_m: int) -> int:
-    """The granularity the tile choice prices ``block_m``'s partial last tile at:
-    :data:`MOE_FLEX`, at least :data:`MOE_PRICED_WIDTH_MIN` (0 for tiles of whole width)."""
+def moe_priced_granularity(block_m: int, hot: bool = True) -> int:
+    """The granularity the tile choice prices ``block_m``'s partial last tile at (0 for tiles
+    of whole width): :data:`MOE_FLEX`, at least :data:`MOE_PRICED_WIDTH_MIN` where a hot
+    class may take the hot experts (``hot``)."""
     flex = MOE_FLEX.get(block_m, 0)
-    return max(flex, MOE_PRICED_WIDTH_MIN) if flex else 0
+    return max(flex, MOE_PRICED_WIDTH_MIN) if flex and hot else flex
 
 
 def expert_cost(rows: int, block_m: int, flex: int = 0,
@@ -304,25 +307,27 @@ def expert_cost(rows: int, block_m: int, flex: int = 0,
 
 
 def expected_cost(mean_rows: float, block_m: int, flex: bool = True,
-                  costs: Mapping[int, float] = MOE_TILE_COST) -> float:
+                  costs: Mapping[int, float] = MOE_TILE_COST, hot: bool = True) -> float:
     """``E[expert_cost(X, block_m)]`` for ``X ~ Poisson(mean_rows)`` (the tile's
-    :func:`moe_priced_granularity` where ``flex``; ``costs`` as :func:`expert_cost`)."""
+    :func:`moe_priced_granularity` where ``flex``, ``hot`` passed on; ``costs`` as
+    :func:`expert_cost`)."""
     if mean_rows <= 0:
         return 0.0
-    granularity = moe_priced_granularity(block_m) if flex else 0
+    granularity = moe_priced_granularity(block_m, hot) if flex else 0
     return sum(p * expert_cost(x, block_m, granularity, costs) for x, p in _poisson(mean_rows))
 
 
 def moe_block_m(num_slots: float, num_experts: int, flex: bool = True,
-                costs: Mapping[int, float] = MOE_TILE_COST) -> int:
+                costs: Mapping[int, float] = MOE_TILE_COST, hot: bool = True) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
     ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least
     :func:`expected_cost` per expert (a larger tile only when it is cheaper by
     :data:`MOE_TILE_MARGIN`; 256 beyond four 256-row tiles per expert, where padding no longer
     matters). 8-token tiles run the streamed kernel (a tile per used expert, its weights
     streamed once), 16-256 WGMMA; ``flex`` (the op's policy) prices the 64-256 tiles at their
-    flexible width, else at whole tiles. ``costs``: the tile cost table (:data:`MOE_TILE_COST`;
-    tools pass a candidate table to see what it would plan).
+    flexible width, else at whole tiles; ``hot``: whether a hot class may take the hot
+    experts (:func:`moe_priced_granularity`). ``costs``: the tile cost table
+    (:data:`MOE_TILE_COST`; tools pass a candidate table to see what it would plan).
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
     8 rows about 40 % of the experts need a second 8-row tile and stream their weights twice;
@@ -332,9 +337,9 @@ def moe_block_m(num_slots: float, num_experts: int, flex: bool = True,
     mean = num_slots / max(1, num_experts)
     if mean >= 4 * BLOCK_MS[-1]:
         return BLOCK_MS[-1]
-    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex, costs)
+    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex, costs, hot)
     for bm in BLOCK_MS[1:]:
-        cost = expected_cost(mean, bm, flex, costs)
+        cost = expected_cost(mean, bm, flex, costs, hot)
         if cost < best_cost * MOE_TILE_MARGIN:
             best, best_cost = bm, cost
     return best
@@ -720,20 +725,21 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
     if mx and not moe_mx_supported(hidden_size, inter):
         raise ValueError(f"no MoE kernels read MXFP4 scales at H={hidden_size}, I={inter} "
                          "(dispatch.moe_mx_supported)")
-    if block_m is None:
-        slots = local_slots(num_tokens * top_k, num_experts, global_num_experts)
-        block_m = _moe_tile(moe_block_m(slots, num_experts, flex), hidden_size, inter)
-    if permuted is None:
-        permuted = _grouped_permuted(hidden_size, inter, block_m)
     num_slots = num_tokens * top_k
+    slots = local_slots(num_slots, num_experts, global_num_experts)
     # a hot class only where this rank can expect most of the slots (no expert parallelism,
     # or 2 ranks): the hot grid and rows are sized for all N slots, which under EP 8 is 8x
     # the rank's share, and their empty CTAs cost more than hot tiles gain (DESIGN.md
     # section 8, "Hot experts")
+    most_slots = 2 * slots >= num_slots
+    if block_m is None:
+        block_m = _moe_tile(moe_block_m(slots, num_experts, flex, hot=most_slots),
+                            hidden_size, inter)
+    if permuted is None:
+        permuted = _grouped_permuted(hidden_size, inter, block_m)
     hot_class = _hot_class(block_m, hidden_size, inter, permuted) if hot else None
     if hot_class is not None and not (
-            2 * local_slots(num_slots, num_experts, global_num_experts) >= num_slots
-            and hot_experts_bound(num_slots, num_experts, hot_class) > 0):
+            most_slots and hot_experts_bound(num_slots, num_experts, hot_class) > 0):
         hot_class = None
     num_rows = padded_rows(num_slots, num_experts, block_m, hot_class)
 
