@@ -192,11 +192,11 @@ def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.
     None (with a warning) if the capture fails, and those calls launch as before.
 
     Why it is exact: the graph holds the same launches with the same arguments, all of which
-    are in its key (:func:`_weights_key` and the SwiGLU limit) or are the reused buffers it belongs to; a replay reads
-    whatever those addresses hold then (new routing, activations, weight values updated in
-    place), and a weight whose storage moved gets a new key. Why it pays: an eager call's
-    GEMMs otherwise cost ~5 µs of host time per binary launch plus the weights' views, against
-    ~3 µs for one graph launch."""
+    are in its key (:func:`_weights_key` and the SwiGLU limit) or are the reused buffers it
+    belongs to; a replay reads whatever those addresses hold then (new routing, activations,
+    weight values updated in place), and a weight whose storage moved gets a new key. Why it
+    pays: an eager call's GEMMs otherwise cost ~5 µs of host time per binary launch plus the
+    weights' views, against ~3 µs for one graph launch."""
     index = device.index
     side = _capture_streams.get(index)
     if side is None:
