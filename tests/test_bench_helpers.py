@@ -1,8 +1,9 @@
 """CPU tests of the benchmark helpers in :mod:`nvfp4_ops.testing` (fast random experts, the
 routing generators, expert-parallel slices, the MoE's byte / FLOP floor, the routing layouts
 the peer MoE kernels read) and of the GPU-free paths of ``benchmarks/bench_moe.py``
-(``--help``, ``--dry-run``, no CUDA, ``--fake-timings``) and ``benchmarks/bench_overhead.py``
-(argument errors, no CUDA), run as subprocesses (tests never import the benchmarks)."""
+(``--help``, ``--dry-run``, no CUDA, ``--fake-timings``), ``benchmarks/bench_overhead.py``
+(argument errors, no CUDA) and ``benchmarks/dev/moe_tables.py`` (the README's MoE tables), run
+as subprocesses (tests never import the benchmarks)."""
 
 from __future__ import annotations
 
@@ -345,3 +346,17 @@ def test_bench_moe_time_limit_lists_what_did_not_run(tmp_path):
     doc = json.loads((tmp_path / "bench_moe_nvfp4_v4-flash.json").read_text())
     assert doc["rows"] == []
     assert len(doc["notes"]) == 2 and all("not run (--time-limit" in n for n in doc["notes"])
+
+
+def test_readme_moe_tables_are_the_committed_results():
+    """The README's MoE tables are what ``benchmarks/dev/moe_tables.py`` renders from the
+    committed ``bench_moe`` JSON (run as a subprocess), so they cannot drift from the data."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/dev/moe_tables.py"), "--dir",
+                          str(ROOT / "benchmarks/results")], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    readme = (ROOT / "README.md").read_text()
+    tables = [t for t in out.split("\n\n") if t.startswith("| V4-")]
+    assert len(tables) == 2
+    for table in tables:
+        assert table.strip() in readme, table.splitlines()[0]
+    assert "ahead of Humming in" in out
