@@ -18,6 +18,9 @@
 #   pro       the same for v4-pro
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
 #             uniform and skewed (the data dispatch.MOE_TILE_COST is fitted to)
+#   decode    moe_tiles.py --variants at the streamed 8-row tile, both shapes, EP 1 and 8,
+#             T = 1-128: each GEMM's consumer warps x ring stages against the planned ones
+#             (the decode tile per GPU: run it on an H100 and an H200)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
@@ -89,6 +92,11 @@ for part in "$@"; do
         --tokens 512 1024 2048 4096 16384 --routing uniform skew --ep 1 --reps 10 \
         --jobs "$jobs" --time-limit 420 >"$out/moe_tiles.log" 2>&1
       echo "== tiles rc=$?"; grep -E "^(v4|shape)" "$out/moe_tiles.log" | cut -c1-220 ;;
+    decode)
+      timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-flash v4-pro \
+        --tokens 1 8 32 128 --routing uniform --ep 1 8 --tiles 8 --variants --reps 20 \
+        --jobs "$jobs" --time-limit 420 >"$out/moe_decode_tiles.log" 2>&1
+      echo "== decode rc=$?"; grep -E "^(v4|    bm)" "$out/moe_decode_tiles.log" | cut -c1-220 ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "== $part took $(( $(date +%s) - start )) s"

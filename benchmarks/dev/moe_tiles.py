@@ -8,9 +8,11 @@ picks (``*``), the tiles the routing really needs (``sum_e ceil(rows_e / block_m
 the policy adds a hot tile, the op's own plan. Tiles not precompiled are compiled first
 (slow): run ``python -m nvfp4_ops precompile --shape v4-flash --shape v4-pro`` before.
 
-``--variants``: at each tile, also time the whole op with one GEMM's WGMMA tile shape changed
-(``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``; the other GEMM as planned), to
-find the grouped tile shape per token tile (``dispatch._wgmma_fields``); these compile first.
+``--variants``: at each tile, also time the whole op with one GEMM's tile shape changed (the
+other GEMM as planned), to find the grouped tile shape per token tile; these compile first.
+WGMMA tiles (16-256): ``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stages``
+(``dispatch._wgmma_fields``); the streamed 8-row tile: consumer warps ``warps_k`` in
+``--stream-warps``, ring ``stages`` in ``--stream-stages`` (persistent CTAs kept as planned).
 ``--hot-min``: time the op's plan with a hot tile at each of these min rows too (0: as
 planned), the hot class's floor (``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile
 with whole-width and flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
@@ -56,9 +58,9 @@ def shape_label(config) -> str:
 
 
 def variant_plans(plan, args):
-    """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's WGMMA tile shape
-    replaced (``row_wgs`` x ``stages`` from ``args``); the planned shape itself is left
-    out."""
+    """``(gemm, label, plan)`` for each variant of ``plan`` with one GEMM's tile shape
+    replaced (WGMMA: ``row_wgs`` x ``stages``; streamed: ``warps_k`` x ``stages``, from
+    ``args``); the planned shape itself is left out, and shapes a config refuses."""
     out = []
     if plan.gate_up.family == plan.down.family == "wgmma":
         for row_wgs in args.row_wgs:  # both GEMMs at one row_wgs, rings as planned
@@ -74,19 +76,23 @@ def variant_plans(plan, args):
                 down=dataclasses.replace(plan.down, config=pair[1]))))
     for which in ("gate_up", "down"):
         gemm = getattr(plan, which)
-        if gemm.family != "wgmma":
+        if gemm.family == "wgmma":
+            shapes = [dict(row_wgs=r, stages=st) for r in args.row_wgs for st in args.stages]
+        elif gemm.family == "stream":
+            shapes = [dict(warps_k=wk, stages=st) for wk in args.stream_warps
+                      for st in args.stream_stages]
+        else:
             continue
-        for row_wgs in args.row_wgs:
-            for stages in args.stages:
-                try:
-                    config = dataclasses.replace(gemm.config, row_wgs=row_wgs, stages=stages)
-                except ValueError:
-                    continue
-                seen = [getattr(v, which).config.name for w, _, v in out if w == which]
-                if config.name in (gemm.config.name, *seen):
-                    continue
-                out.append((which, f"r{row_wgs}st{config.num_stages}", dataclasses.replace(
-                    plan, **{which: dataclasses.replace(gemm, config=config)})))
+        for shape in shapes:
+            try:
+                config = dataclasses.replace(gemm.config, **shape)
+            except ValueError:
+                continue
+            seen = [getattr(v, which).config.name for w, _, v in out if w == which]
+            if config.name in (gemm.config.name, *seen):
+                continue
+            out.append((which, shape_label(config), dataclasses.replace(
+                plan, **{which: dataclasses.replace(gemm, config=config)})))
     return out
 
 
@@ -125,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiles", nargs="+", type=int, default=list(dispatch.BLOCK_MS))
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--variants", action="store_true",
-                   help="also time each GEMM's WGMMA tile shapes (--row-wgs x --stages)")
+                   help="also time each GEMM's tile shapes (WGMMA: --row-wgs x --stages; "
+                        "streamed: --stream-warps x --stream-stages)")
     p.add_argument("--row-wgs", nargs="+", type=int, default=[1, 2])
     p.add_argument("--stages", nargs="+", type=int, default=[0, 3, 4, 6])
+    p.add_argument("--stream-warps", nargs="+", type=int, default=[2, 4],
+                   help="--variants of the streamed 8-row tile: consumer warps")
+    p.add_argument("--stream-stages", nargs="+", type=int, default=[2, 3, 4, 6],
+                   help="--variants of the streamed 8-row tile: ring stages")
     p.add_argument("--hot-min", nargs="+", type=int, default=[0],
                    help="where the policy adds a hot tile, time it at each of these min rows "
                         "(0: the policy's)")
