@@ -3,8 +3,9 @@
 Reads `bench_moe_{nvfp4,mxfp4}_{shape}.json` (written by `python benchmarks/bench_moe.py
 --format nvfp4 mxfp4 --out-dir DIR`) and prints, per shape, the README's markdown table (µs
 of the uniform EP 1 row, ratios against Humming and bf16 per routing and EP slice), then a
-summary: cells ahead of Humming, cells at 1.2× or more, the cells behind, and the MXFP4 cells
-slower than NVFP4 in the same run. No GPU.
+summary: cells ahead of Humming, cells at 1.2× or more, the cells behind, the absolute targets
+(V4-Flash T = 1 / 8 µs, EP 8 roofline share) and the MXFP4 cells slower than NVFP4 in the same
+run. No GPU.
 
     python benchmarks/dev/moe_tables.py --dir benchmarks/results
 """
@@ -66,6 +67,25 @@ def summary(name: str, cells: dict) -> list[str]:
     return out
 
 
+def targets(shape: str, cells: dict) -> list[str]:
+    """Issue #21's absolute targets on these cells: V4-Flash EP 1 uniform T = 1 <= 30 µs and
+    T = 8 <= 170 µs; every EP 8 cell at T >= 512 at 60 % of its roofline or more."""
+    out = []
+    if shape == "v4-flash":
+        for t, limit in ((1, 30.0), (8, 170.0)):
+            row = cells.get((1, "uniform", t))
+            if row is not None and row.get("ours_us") is not None:
+                verdict = "met" if row["ours_us"] <= limit else "not met"
+                out.append(f"  target T = {t} <= {limit:.0f} us: {row['ours_us']:.1f} us, "
+                           f"{verdict}")
+    short = sorted((k, r["ours_pct_roofline"]) for k, r in cells.items()
+                   if k[0] == 8 and k[2] >= 512 and r.get("ours_pct_roofline") is not None
+                   and r["ours_pct_roofline"] < 60)
+    out.append(f"  target EP 8, T >= 512 at >= 60 % of the roofline: {len(short)} cells short"
+               + "".join(f"\n    {routing} T = {t}: {pct:.0f} %" for (_, routing, t), pct in short))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", default="benchmarks/results",
@@ -80,6 +100,7 @@ def main() -> int:
         mx = _load(mx_path) if os.path.exists(mx_path) else None
         print("\n".join(table(shape, nv, mx)), end="\n\n")
         notes += summary(f"{shape} nvfp4", nv)
+        notes += targets(shape, nv)
         if mx is not None:
             notes += summary(f"{shape} mxfp4", mx)
             slower = sorted((k, r["speedup_vs_ours_nvfp4"]) for k, r in mx.items()
