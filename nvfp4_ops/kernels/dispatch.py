@@ -707,7 +707,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
 
     ``block_m`` / ``permuted`` override the policy's token tile / activation order (tests and
     tools). The 64-256-row tiles run each CTA only as wide as its real rows need (``flex``,
-    :data:`MOE_FLEX`), and the tile is chosen with that priced in (:func:`moe_block_m`).
+    :data:`MOE_FLEX`), and the tile is chosen with that priced in (:func:`moe_block_m`; no
+    narrower than :data:`MOE_PRICED_WIDTH_MIN` where a hot class may run).
 
     ``chained=False`` launches the GEMMs without launch overlap, ``hot=False`` keeps one
     tile for all experts and ``flex=False`` runs whole tiles (tests and tools only; the op
