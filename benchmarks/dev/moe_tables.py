@@ -16,8 +16,6 @@ import argparse
 import json
 import os
 
-_NAMES = {"v4-flash": "V4-Flash", "v4-pro": "V4-Pro"}
-
 
 def _load(path: str) -> dict:
     with open(path) as f:
@@ -33,7 +31,7 @@ def _ratio(row: dict | None, key: str) -> str:
 def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
     """The README's markdown table of one shape."""
     tokens = sorted({t for _, _, t in nv})
-    head = [f"| {_NAMES.get(shape, shape)} | " + " | ".join(
+    head = [f"| {shape.title()} | " + " | ".join(
         ("T = " if i == 0 else "") + str(t) for i, t in enumerate(tokens)) + " |",
         "|---" * (len(tokens) + 1) + "|"]
     us = []
