@@ -223,6 +223,24 @@ def test_moe_block_m_rule():
     assert D.moe_block_m(6 * 16384, 384) == 256
 
 
+def test_policy_never_takes_the_32_row_tile():
+    """The op's policy chooses among ``MOE_POLICY_TILES``: the 64-row tile run at its narrow
+    widths took less time than the 32-row tile where the pricing had tied them (V4-Pro EP 1
+    T = 1024, V4-Flash EP 1 T = 768 take the 64-row tile now); the whole-width rule (tools)
+    still takes 32."""
+    assert 32 in D.BLOCK_MS and 32 not in D.MOE_POLICY_TILES
+    assert set(D.MOE_POLICY_TILES) < set(D.BLOCK_MS)
+    for experts, global_experts in ((256, 256), (384, 384), (32, 256), (48, 384)):
+        for t in range(1, 20000, 37):
+            slots = D.local_slots(6 * t, experts, global_experts)
+            assert D.moe_block_m(slots, experts, hot=2 * slots >= 6 * t) != 32, (experts, t)
+    assert D.plan_moe(1024, 6, 384, 7168, 3072).block_m == 64
+    assert D.plan_moe(768, 6, 256, 4096, 2048).block_m == 64
+    assert D.moe_block_m(6 * 1024, 384, flex=False) == 32
+    # the tools can still force the 32-row tile
+    assert D.plan_moe(1024, 6, 384, 7168, 3072, block_m=32).block_m == 32
+
+
 def test_tile_choice_under_another_cost_table():
     """The pricing takes the cost table as an argument (``costs``, default
     ``MOE_TILE_COST``): a candidate table changes what would be planned, and the dispatch's
@@ -274,7 +292,7 @@ def test_narrow_widths_priced_at_32_where_a_hot_class_may_run():
     flash_ep8 = D.plan_moe(512, 6, 32, 4096, 2048, global_num_experts=256)
     assert flash_ep8.block_m == 64 and flash_ep8.hot is None
     assert D.plan_moe(1024, 6, 48, 7168, 3072, global_num_experts=384).block_m == 64
-    assert D.plan_moe(1024, 6, 384, 7168, 3072).block_m == 32
+    assert D.plan_moe(1024, 6, 384, 7168, 3072).block_m == 64
     assert D.moe_priced_granularity(128) == D.MOE_FLEX[128]
     assert D.moe_priced_granularity(256) == D.MOE_FLEX[256]
     assert D.moe_priced_granularity(16) == D.moe_priced_granularity(8) == 0

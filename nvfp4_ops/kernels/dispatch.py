@@ -68,6 +68,7 @@ __all__ = [
     "moe_block_m",
     "moe_hot_class",
     "MOE_HOT_TILE",
+    "MOE_POLICY_TILES",
     "moe_mx_supported",
     "moe_priced_granularity",
     "moe_supported",
@@ -141,6 +142,13 @@ MOE_FLEX = {64: 16, 128: 32, 256: 64}
 MOE_PRICED_WIDTH_MIN = 32
 #: a larger token tile must cost this much less than a smaller one to be chosen
 MOE_TILE_MARGIN = 0.98
+#: MoE: the token tiles the op's policy (flexible widths) chooses among. Not 32: the 64-row
+#: tile run 16 / 32 wide (:data:`MOE_FLEX`) took less time than the 32-row tile in 19 of 20
+#: measured cells (the whole op at each tile, V4-Flash and V4-Pro, T = 512-2048, EP 1 and one
+#: EP 8 rank, both routings; V4-Pro EP 1 T = 1024 uniform 6748 -> 5774 µs), 1.01x more in
+#: the last (DESIGN.md section 8, "The token tile: least expected cost"). The pricing alone
+#: cannot say so: it prices a 64-row tile's narrow widths as the 32-row tile at best
+MOE_POLICY_TILES = (8, 16, 64, 128, 256)
 #: MoE: the hot token tile of each base WGMMA tile (experts whose rows cost less in it take
 #: it, decided per call on the device: ``moe_routing``, "Hot experts")
 MOE_HOT_TILE = {16: 128, 32: 128, 64: 256, 128: 256}
@@ -320,13 +328,13 @@ def expected_cost(mean_rows: float, block_m: int, flex: bool = True,
 def moe_block_m(num_slots: float, num_experts: int, flex: bool = True,
                 costs: Mapping[int, float] = MOE_TILE_COST, hot: bool = True) -> int:
     """Token tile for ``num_slots`` routed slots (this rank's: :func:`local_slots`) over
-    ``num_experts`` local experts: the tile of :data:`BLOCK_MS` with the least
-    :func:`expected_cost` per expert (a larger tile only when it is cheaper by
-    :data:`MOE_TILE_MARGIN`; 256 beyond four 256-row tiles per expert, where padding no longer
-    matters). 8-token tiles run the streamed kernel (a tile per used expert, its weights
-    streamed once), 16-256 WGMMA; ``flex`` (the op's policy) prices the 64-256 tiles at their
-    flexible width, else at whole tiles; ``hot``: whether a hot class may take the hot
-    experts (:func:`moe_priced_granularity`). ``costs``: the tile cost table
+    ``num_experts`` local experts: the tile of :data:`MOE_POLICY_TILES` (``flex``; else
+    :data:`BLOCK_MS`) with the least :func:`expected_cost` per expert (a larger tile only when
+    it is cheaper by :data:`MOE_TILE_MARGIN`; 256 beyond four 256-row tiles per expert, where
+    padding no longer matters). 8-token tiles run the streamed kernel (a tile per used expert,
+    its weights streamed once), 16-256 WGMMA; ``flex`` (the op's policy) prices the 64-256
+    tiles at their flexible width, else at whole tiles; ``hot``: whether a hot class may take
+    the hot experts (:func:`moe_priced_granularity`). ``costs``: the tile cost table
     (:data:`MOE_TILE_COST`; tools pass a candidate table to see what it would plan).
 
     Why not the smallest tile holding the mean: routed counts spread around it, so at a mean of
@@ -334,11 +342,12 @@ def moe_block_m(num_slots: float, num_experts: int, flex: bool = True,
     one 16-row tile costs only ~1.1 times one 8-row tile (DESIGN.md section 8, "The token
     tile: least expected cost").
     """
+    tiles = MOE_POLICY_TILES if flex else BLOCK_MS
     mean = num_slots / max(1, num_experts)
-    if mean >= 4 * BLOCK_MS[-1]:
-        return BLOCK_MS[-1]
-    best, best_cost = BLOCK_MS[0], expected_cost(mean, BLOCK_MS[0], flex, costs, hot)
-    for bm in BLOCK_MS[1:]:
+    if mean >= 4 * tiles[-1]:
+        return tiles[-1]
+    best, best_cost = tiles[0], expected_cost(mean, tiles[0], flex, costs, hot)
+    for bm in tiles[1:]:
         cost = expected_cost(mean, bm, flex, costs, hot)
         if cost < best_cost * MOE_TILE_MARGIN:
             best, best_cost = bm, cost
@@ -818,7 +827,7 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
         if not (moe_mx_supported(hidden_size, inter) if mx else moe_supported(hidden_size,
                                                                                inter)):
             continue
-        for bm in BLOCK_MS:
+        for bm in MOE_POLICY_TILES:
             tile = _moe_tile(bm, hidden_size, inter)
             permuted = _grouped_permuted(hidden_size, inter, tile)
             for m_tiles in range(1, PERSIST_MAX_TILES + 2):
@@ -840,7 +849,7 @@ def moe_act_orders(hidden_size: int, inter: int) -> list[tuple[int, str]]:
     if not moe_supported(hidden_size, inter):
         return []
     out = []
-    for bm in BLOCK_MS:
+    for bm in MOE_POLICY_TILES:
         tile = _moe_tile(bm, hidden_size, inter)
         permuted = _grouped_permuted(hidden_size, inter, tile)
         order = _PERMUTED_ORDER[_family(tile, True)] if permuted else NATURAL
