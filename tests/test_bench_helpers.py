@@ -360,3 +360,17 @@ def test_readme_moe_tables_are_the_committed_results():
     for table in tables:
         assert table.strip() in readme, table.splitlines()[0]
     assert "ahead of Humming in" in out
+
+
+def test_results_readme_moe_tables_are_the_committed_results():
+    """The results README's per-shape MoE tables are ``moe_tables.py --detail`` of the same
+    JSON."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/dev/moe_tables.py"), "--dir",
+                          str(ROOT / "benchmarks/results"), "--detail"], capture_output=True,
+                         text=True, check=True, timeout=120).stdout
+    readme = (ROOT / "benchmarks/results/README.md").read_text()
+    tables = [t.split("\n", 1)[1] for t in out.split("\n\n") if t.startswith("v4-")]
+    assert len(tables) == 2
+    for table in tables:
+        assert "| EP 8, skew: tile |" in table
+        assert table.strip() in readme, table.splitlines()[2]

@@ -5,9 +5,9 @@ Reads `bench_moe_{nvfp4,mxfp4}_{shape}.json` (written by `python benchmarks/benc
 of the uniform EP 1 row, ratios against Humming and bf16 per routing and EP slice), then a
 summary: cells ahead of Humming, cells at 1.2× or more, the cells behind, the absolute targets
 (V4-Flash T = 1 / 8 µs, EP 8 roofline share) and the MXFP4 cells slower than NVFP4 in the same
-run. No GPU.
+run. With ``--detail``, the results README's per-shape tables instead. No GPU.
 
-    python benchmarks/dev/moe_tables.py --dir benchmarks/results
+    python benchmarks/dev/moe_tables.py --dir benchmarks/results [--detail]
 """
 
 from __future__ import annotations
@@ -54,6 +54,49 @@ def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
     return lines
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def detail(nv: dict, mx: dict | None) -> list[str]:
+    """The results README's table of one shape: per EP slice and routing, ours and Humming
+    in µs, the ratios, the roofline share, the token tile (``+`` the hot tile) and the MXFP4
+    rows."""
+    tokens = sorted({t for _, _, t in nv})
+    lines = ["| T | " + " | ".join(map(str, tokens)) + " |", "|---" * (len(tokens) + 1) + "|"]
+
+    def add(label: str, cells: dict, ep: int, routing: str, cell) -> None:
+        lines.append(f"| EP {ep}, {routing}: {label} | " + " | ".join(
+            "-" if (row := cells.get((ep, routing, t))) is None else cell(row)
+            for t in tokens) + " |")
+
+    def pct(row: dict) -> str:
+        value = row.get("ours_pct_roofline")
+        return "–" if not row.get("local_rows") or value is None else f"{value:.0f}"
+
+    def tile(row: dict) -> str:
+        hot = row.get("ours_hot_block_m")
+        return f"{row['ours_block_m']}" + (f"+{hot}" if hot else "")
+
+    for ep in sorted({k[0] for k in nv}):
+        for routing in ("uniform", "skew"):
+            add("ours µs", nv, ep, routing, lambda r: _us(r.get("ours_us")))
+            add("Humming µs", nv, ep, routing, lambda r: _us(r.get("humming_us")))
+            add("**ours vs Humming**", nv, ep, routing,
+                lambda r: _ratio(r, "speedup_vs_humming"))
+            add("vs bf16", nv, ep, routing, lambda r: _ratio(r, "speedup_vs_bf16"))
+            add("% of roofline", nv, ep, routing, pct)
+            add("tile", nv, ep, routing, tile)
+            if mx is not None:
+                add("MXFP4: ours µs", mx, ep, routing, lambda r: _us(r.get("ours_us")))
+                add("MXFP4: **vs Humming MXFP4**", mx, ep, routing,
+                    lambda r: _ratio(r, "speedup_vs_humming"))
+                add("MXFP4: NVFP4 time / MXFP4 time", mx, ep, routing,
+                    lambda r: "-" if r.get("speedup_vs_ours_nvfp4") is None
+                    else f"{r['speedup_vs_ours_nvfp4']:.2f}")
+    return lines
+
+
 def summary(name: str, cells: dict) -> list[str]:
     """Counts against Humming, and the cells behind it."""
     ratios = {k: r["speedup_vs_humming"] for k, r in cells.items()
@@ -89,6 +132,9 @@ def main() -> int:
     parser.add_argument("--dir", default="benchmarks/results",
                         help="the folder with bench_moe_*.json")
     parser.add_argument("--shapes", nargs="+", default=["v4-flash", "v4-pro"])
+    parser.add_argument("--detail", action="store_true",
+                        help="the results README's per-shape tables instead (every EP slice "
+                             "and routing: µs, ratios, roofline share, tile, MXFP4)")
     args = parser.parse_args()
     notes = []
     for shape in args.shapes:
@@ -96,6 +142,9 @@ def main() -> int:
         mx_path = os.path.join(args.dir, f"bench_moe_mxfp4_{shape}.json")
         nv = _load(nv_path)
         mx = _load(mx_path) if os.path.exists(mx_path) else None
+        if args.detail:
+            print(f"{shape}:", *detail(nv, mx), sep="\n", end="\n\n")
+            continue
         print("\n".join(table(shape, nv, mx)), end="\n\n")
         notes += summary(f"{shape} nvfp4", nv)
         notes += targets(shape, nv)
