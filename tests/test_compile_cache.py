@@ -115,10 +115,11 @@ def test_guard_raises_on_compile_after_warmup():
 def test_guard_env_var_and_warmup_cpu(monkeypatch):
     monkeypatch.setenv("NVFP4_OPS_NO_COMPILE_AFTER_WARMUP", "1")
     names = nvfp4_ops.warmup(["tiny"], run=False)
-    # 4 GEMM problems x 6 token tiles, plus the persistent decode gate/up (few token tiles),
-    # plus the wfrag + wperm twins of the 2 dense (MLP) problems x 6 tiles, plus the 2 MoE
-    # GEMMs' base tiles that run beside a hot tile (16-128: 4 tiles)
-    assert len(names) == 25 + 12 + 2 * 4 and _compile.is_warm()
+    # 2 dense (MLP) GEMM problems x 6 token tiles and 2 MoE ones x the policy's 5
+    # (dispatch.MOE_POLICY_TILES), plus the persistent decode gate/up (few token tiles), plus
+    # the wfrag + wperm twins of the 2 dense problems x 6 tiles, plus the 2 MoE GEMMs' base
+    # tiles that run beside a hot tile (16, 64, 128: 3 tiles)
+    assert len(names) == 2 * 6 + 2 * 5 + 1 + 12 + 2 * 3 and _compile.is_warm()
     _compile.clear_memory_cache()
     for cfg in _tiny_configs():
         linear_cuda.compiled(cfg)  # all from disk: no error

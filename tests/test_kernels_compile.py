@@ -21,23 +21,28 @@ PLANS = [p for p in _warmup.plans_for(_warmup.layers_for_shapes(["v4-flash", "v4
 
 
 def test_variant_set_covers_every_block_m_and_epilogue():
-    """2 shapes x 4 problems x 6 token tiles, plus the dense WGMMA tiles that depend on the
-    number of token tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the two shapes),
-    plus the persistent decode gate/up of each shape. Every grouped plan reads a permuted
-    order (the 32-block one at 16-256, the pair order at 8) and is launched with launch
-    overlap; each has a twin reading wperm weights. Each dense plan has a twin reading the
-    prepared order of nvfp4::to_wfrag_. The grouped base tiles that have a hot tile
-    (16-128) have a twin launched beside it (``sibling``): 2 shapes x 2 orders x 2 GEMMs x 4."""
+    """Grouped (MoE): 2 shapes x 2 GEMMs x the policy's 5 token tiles
+    (``dispatch.MOE_POLICY_TILES``), plus the persistent decode gate/up of each shape. Dense
+    (shared-expert MLP): 2 shapes x 2 GEMMs x 6 token tiles, plus the dense WGMMA tiles that
+    depend on the number of token tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the
+    two shapes). Every grouped plan reads a permuted order (the 32-block one at 16-256, the
+    pair order at 8) and is launched with launch overlap; each has a twin reading wperm
+    weights. Each dense plan has a twin reading the prepared order of nvfp4::to_wfrag_. The
+    grouped base tiles that have a hot tile (16, 64, 128) have a twin launched beside it
+    (``sibling``): 2 shapes x 2 orders x 2 GEMMs x 3."""
     names = {p.config.name for p in PLANS}
-    dense_plain = 56 - (2 * 2 * 6 + 2)
-    siblings = 2 * 2 * 2 * 4
-    assert len(names) == len(PLANS) == 56 + 2 * 2 * 6 + 2 + dense_plain + siblings
+    tiles = len(dispatch.MOE_POLICY_TILES)
+    grouped_plain = 2 * 2 * tiles + 2
+    dense_plain = 2 * 2 * 6 + 6
+    siblings = 2 * 2 * 2 * 3
+    assert len(names) == len(PLANS) == 2 * grouped_plain + 2 * dense_plain + siblings
     assert {p.family for p in PLANS} == {"stream", "mma", "wgmma"}
     grouped = [p for p in PLANS if p.config.grouped]
-    assert len(grouped) == 2 * (2 * 2 * 6 + 2) + siblings
+    assert len(grouped) == 2 * grouped_plain + siblings
+    assert {p.block_m for p in grouped} == set(dispatch.MOE_POLICY_TILES)
     assert all(p.config.permuted for p in grouped)
     sib = [p for p in grouped if p.config.sibling]
-    assert len(sib) == siblings and {p.block_m for p in sib} == {16, 32, 64, 128}
+    assert len(sib) == siblings and {p.block_m for p in sib} == {16, 64, 128}
     assert sum(p.weight_order is dispatch.WeightOrder.WPERM for p in grouped) == len(grouped) // 2
     assert not any(p.config.order.fragment_order for p in grouped)
     dense = [p for p in PLANS if not p.config.grouped]
@@ -116,7 +121,7 @@ def test_mx_variants_mirror_the_nvfp4_ones():
     assert mx_names == {n.replace("_sm_90a", "_mx_sm_90a") for n in grouped_wperm}
 
 
-@pytest.mark.parametrize("block_m", [8, 32, 128])
+@pytest.mark.parametrize("block_m", [8, 16, 128])
 def test_mx_ptx_reads_one_ue8m0_byte_per_32_k(block_m, tmp_path):
     """The mx twin of a V4-Flash gate/up GEMM reads UE8M0 bytes (a ``mad`` per scale into
     the decoders' bf16x2 form) and has no e4m3 conversion left; the streamed tile copies

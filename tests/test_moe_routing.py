@@ -323,9 +323,10 @@ def test_pair_layout():
     pytest.importorskip("cutlass")
     from nvfp4_ops.kernels import dispatch
 
-    # what the MoE gathers into: the order of the tile's family (V4-Flash sizes)
+    # what the MoE gathers into: the order of the tile's family (V4-Flash sizes), at every
+    # tile of the policy
     assert dispatch.moe_act_orders(4096, 2048) == [(8, "pair")] + [
-        (bm, "kperm") for bm in (16, 32, 64, 128, 256)]
+        (bm, "kperm") for bm in (16, 64, 128, 256)]
     with pytest.raises(ValueError, match="multiple of 8"):
         kp.permute_pairs(torch.zeros(2, 12))
     with pytest.raises(ValueError, match="layout must be one of"):
