@@ -6,6 +6,7 @@ choice, refused tiles)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -183,8 +184,6 @@ def test_flexible_width_kernel_has_a_wgmma_per_width(tmp_path):
     assert shapes(flex, "flex") == [32, 64, 96, 128]
     whole = _plan(4096, 4096, 128, "swiglu", grouped=True, permuted=True, chained=True)
     assert shapes(whole, "whole") == [128]
-    import dataclasses
-
     sixteen = dataclasses.replace(
         _plan(4096, 4096, 64, "swiglu", grouped=True, permuted=True, chained=True, flex=True),
         flex=16)

@@ -23,11 +23,11 @@
 #             (the decode tile per GPU: run it on an H100 and an H200)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
-# Tests run in XDIST (default 4) pytest-xdist workers. The device tool brings back at most 8
-# files from $OUT, so when the parts wrote more, everything but the JSON is packed into
-# $OUT/gpu_suite_files.tgz at the end (logs and plots; `tar xzf` it here). Every pytest and benchmark runs under
-# `timeout -s KILL` (a hung kernel must not eat the
-# call); the last lines of each go to stdout, the whole log to $OUT. NVFP4_OPS_COMMIT names
+# Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
+# `timeout -s KILL` (a hung kernel must not eat the call); the last lines of each go to
+# stdout, the whole log to $OUT. The device tool brings back at most 8 files from $OUT, so
+# when the parts wrote more, everything but the JSON is packed into $OUT/gpu_suite_files.tgz
+# at the end (logs and plots; `tar xzf` it here). NVFP4_OPS_COMMIT names
 # the tree in the benchmark JSON (the machine's copy has no .git).
 set -uo pipefail
 out="${OUT:-/tmp/gpu_suite}"

@@ -28,17 +28,19 @@ def _ratio(row: dict | None, key: str) -> str:
     return "-" if value is None else f"{value:.2f}×"
 
 
+def _us(value: float | None, whole_from: float = 1000) -> str:
+    """µs with one decimal below ``whole_from``, whole above (the README's short table: 100)."""
+    return "-" if value is None else f"{value:.1f}" if value < whole_from else f"{value:.0f}"
+
+
 def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
     """The README's markdown table of one shape."""
     tokens = sorted({t for _, _, t in nv})
     head = [f"| {shape.title()} | " + " | ".join(
         ("T = " if i == 0 else "") + str(t) for i, t in enumerate(tokens)) + " |",
         "|---" * (len(tokens) + 1) + "|"]
-    us = []
-    for t in tokens:
-        row = nv.get((1, "uniform", t))
-        us.append("-" if row is None or row.get("ours_us") is None
-                  else f"{row['ours_us']:.1f}" if row["ours_us"] < 100 else f"{row['ours_us']:.0f}")
+    us = [_us(None if (row := nv.get((1, "uniform", t))) is None else row.get("ours_us"),
+              whole_from=100) for t in tokens]
     lines = head + ["| µs, uniform | " + " | ".join(us) + " |"]
     rows = [("vs Humming, uniform", nv, (1, "uniform"), "speedup_vs_humming"),
             ("vs Humming, skewed (Zipf 1.2)", nv, (1, "skew"), "speedup_vs_humming"),
@@ -54,8 +56,6 @@ def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
     return lines
 
 
-def _us(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
 def detail(nv: dict, mx: dict | None) -> list[str]:
