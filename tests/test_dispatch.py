@@ -164,6 +164,17 @@ def test_permuted_orders_and_the_moe_plan():
     assert _plan(4096, 4096, 8, "swiglu", grouped=True, m_tiles=6, permuted=True).config.ctas
     assert not _plan(4096, 4096, 8, "swiglu", grouped=True, m_tiles=9,
                      permuted=True).config.ctas
+    # the decode down GEMM: 4 consumer warps and 3 stages at few token tiles (one local
+    # expert's rows on more warps), 2 warps and 2 stages from one tile past them, never
+    # persistent; the V4 op's plan takes them at T = 1 only
+    down = {m: _plan(7168, 3072, 8, "row_scale", grouped=True, m_tiles=m, permuted=True).config
+            for m in (1, D.PERSIST_MAX_TILES, D.PERSIST_MAX_TILES + 1)}
+    assert [(c.warps_k, c.stages, c.ctas) for c in down.values()] == \
+        [(4, 3, 0), (4, 3, 0), (2, 2, 0)]
+    for t, warps in ((1, 4), (2, 2)):
+        for e, ge in ((384, -1), (48, 384)):
+            plan = D.plan_moe(t, 6, e, 7168, 3072, global_num_experts=ge)
+            assert plan.down.config.warps_k == warps
     for kw in (dict(block_m=8, grouped=False), dict(block_m=128, grouped=False),
                dict(block_m=8, grouped=True, k=1152)):  # K % 256: mma.sync fallback
         kw.setdefault("k", 4096)

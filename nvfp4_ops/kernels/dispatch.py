@@ -121,8 +121,9 @@ GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
 DENSE_MAX_M_TILES = 16
-#: grouped gate/up problems with at most this many token tiles (the MoE's padded rows / 8;
-#: V4 decode T = 1 has 6) run the streamed kernel with :data:`PERSIST_CTAS` persistent CTAs
+#: grouped problems with at most this many token tiles (the MoE's padded rows / 8; V4 decode
+#: T = 1 has 6) are decode: gate/up runs the streamed kernel with :data:`PERSIST_CTAS`
+#: persistent CTAs, down with 4 consumer warps and 3 stages
 PERSIST_MAX_TILES = 8
 PERSIST_CTAS = 3 * NUM_SMS
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
@@ -438,18 +439,22 @@ def moe_mx_supported(hidden_size: int, inter: int) -> bool:
 
 def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
-    grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM;
+    grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
+    (4 and 3 stages at decode: at most :data:`PERSIST_MAX_TILES` token tiles);
     smaller chunks when K is not a multiple of the preferred one (with ``mx`` scales, at
     least 512 k: a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
     ctas = 0
+    decode = m_tiles is not None and m_tiles <= PERSIST_MAX_TILES
     if grouped and epilogue == "swiglu":
-        if m_tiles is not None and m_tiles <= PERSIST_MAX_TILES:
+        if decode:
             prefs, ctas = [(4, 2, 3)], PERSIST_CTAS
         else:
             prefs = [(4, 2, 2)]
+    elif grouped and decode:
+        prefs = [(4, 2, 3)]  # one local expert's rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
     else:
