@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ep", nargs="+", type=int, default=[1])
     p.add_argument("--tiles", nargs="+", type=int, default=list(dispatch.BLOCK_MS))
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--seeds", nargs="+", type=int, default=[1],
+                   help="routing draws per cell (one EP rank's local rows differ by draw)")
     p.add_argument("--variants", action="store_true",
                    help="also time each GEMM's tile shapes (WGMMA: --row-wgs x --stages; "
                         "streamed: --stream-warps x --stream-stages)")
@@ -195,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             start, local = ep_slice(e, ep)
             w = [t[start:start + local] for t in full.args()]
             for num_tokens in args.tokens:
-                for routing in args.routing:
+                for routing, seed in [(r, sd) for r in args.routing for sd in args.seeds]:
+                    label = routing if args.seeds == [1] else f"{routing}/{seed}"
                     if args.time_limit and time.monotonic() - t_start > args.time_limit:
                         print("time limit reached")
                         break
-                    ids, weights = make_routing(routing, num_tokens, e, k, seed=1)
+                    ids, weights = make_routing(routing, num_tokens, e, k, seed=seed)
                     ids, weights = ids.cuda(), weights.cuda()
                     hidden = torch.randn(num_tokens, h, device="cuda").to(torch.bfloat16)
                     flat = ids.reshape(-1).long() - start
@@ -266,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"[{need[key]}]" for key in cells)
                     if len(op_us) == 2:
                         line += f"  op whole/flex {op_us[0] / op_us[1]:.2f}"
-                    print(f"{shape_name} ep{ep} T={num_tokens:<5d} {routing:7s} "
+                    print(f"{shape_name} ep{ep} T={num_tokens:<5d} {label:7s} "
+                          f"local {int(counts.sum())} "
                           f"max/mean rows {int(counts.max())}/{counts.float().mean():.1f} "
                           f"roof {cost.roofline_us:7.1f}  {line}  best {best}", flush=True)
                     best_tile = f"{tile(best)}{'f' if isinstance(best, tuple) else ''}"
-                    rows.append((shape_name, ep, num_tokens, routing, policy.block_m, best_tile,
+                    rows.append((shape_name, ep, num_tokens, label, policy.block_m, best_tile,
                                  op_us.get(1, op_us.get(0)), cells.get(best), op_us.get(0),
                                  op_us.get(1)))
     print("\nshape     ep  T      routing  policy  best  op_us    best_us  gain  whole_us "

@@ -123,9 +123,14 @@ GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 DENSE_MAX_M_TILES = 16
 #: grouped problems with at most this many token tiles (the MoE's padded rows / 8; V4 decode
 #: T = 1 has 6) are decode: gate/up runs the streamed kernel with :data:`PERSIST_CTAS`
-#: persistent CTAs, down with 4 consumer warps and 3 stages
+#: persistent CTAs, and down with 4 consumer warps and 3 stages where the rank expects at
+#: most :data:`FEW_ROWS_SLOTS` routed slots
 PERSIST_MAX_TILES = 8
 PERSIST_CTAS = 3 * NUM_SMS
+#: MoE: at most this many expected local slots (:func:`local_slots`; one EP 8 rank at T = 1:
+#: 0.75) is "one expert's rows", whose down GEMM at decode fills more SMs with 4 consumer
+#: warps (DESIGN.md section 3, "Tile shapes")
+FEW_ROWS_SLOTS = 1.0
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
@@ -437,12 +442,13 @@ def moe_mx_supported(hidden_size: int, inter: int) -> bool:
             and inter % 512 == 0)
 
 
-def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
+def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
+                   few_rows: bool = False) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
-    (4 and 3 stages at decode: at most :data:`PERSIST_MAX_TILES` token tiles);
-    smaller chunks when K is not a multiple of the preferred one (with ``mx`` scales, at
-    least 512 k: a stage's scale copy is 16 bytes or more)."""
+    (4 and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
+    ``few_rows``); smaller chunks when K is not a multiple of the preferred one (with ``mx``
+    scales, at least 512 k: a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
@@ -453,8 +459,8 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False) -> dict:
             prefs, ctas = [(4, 2, 3)], PERSIST_CTAS
         else:
             prefs = [(4, 2, 2)]
-    elif grouped and decode:
-        prefs = [(4, 2, 3)]  # one local expert's rows fill more SMs (DESIGN.md section 3)
+    elif grouped and decode and few_rows:
+        prefs = [(4, 2, 3)]  # one expert's rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
     else:
@@ -575,7 +581,8 @@ def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
 def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias: bool = False,
               grouped: bool = False, m_tiles: int | None = None, permuted: bool = False,
               chained: bool = False, flex: bool = False,
-              order: WeightOrder = WeightOrder.CHECKPOINT, mx: bool = False) -> GemmPlan:
+              order: WeightOrder = WeightOrder.CHECKPOINT, mx: bool = False,
+              few_rows: bool = False) -> GemmPlan:
     """The plan of one W4A16 GEMM (``N`` weight rows, reduction ``K``, token tile
     ``block_m``).
 
@@ -594,6 +601,9 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         order: how the weights are stored; WFRAG is for dense problems, WPERM needs
             ``permuted``.
         mx: (grouped, ``permuted``) MXFP4 block scales, one UE8M0 byte per 32 k.
+        few_rows: (grouped) the launch expects about one expert's rows
+            (:data:`FEW_ROWS_SLOTS`): the streamed decode tile of a non-SwiGLU GEMM takes
+            more consumer warps.
 
     Raises:
         ValueError: no family covers a grouped problem at ``block_m`` (the routing's padding
@@ -629,7 +639,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
             family = _WGMMA
     if fields is None:
         if family == _STREAM:
-            fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx)
+            fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx,
+                                    few_rows)
             if grouped:
                 flags["overlap"] = "after" if chained else "none"
             elif wfrag:
@@ -762,7 +773,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         common = dict(grouped=True, m_tiles=_grouped_m_tiles(num_rows, tile),
                       permuted=permuted, chained=chained, flex=flex, order=order, mx=mx)
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
-        down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale", **common)
+        down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
+                         few_rows=slots <= FEW_ROWS_SLOTS, **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
         if sibling and chained:  # the base GEMMs run beside the hot ones (moe_cuda)
             gate_up, down = _sibling(gate_up), _sibling(down)
@@ -840,8 +852,8 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                               flex=True, order=order, mx=mx)
                 for plan in (plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu",
                                        **common),
-                             plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
-                                       **common)):
+                             *(plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
+                                         few_rows=few, **common) for few in (False, True))):
                     add(plan)
                     if _hot_class(tile, hidden_size, inter, permuted) is not None:
                         add(_sibling(plan))  # the base tile beside a hot one
