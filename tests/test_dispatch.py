@@ -165,16 +165,16 @@ def test_permuted_orders_and_the_moe_plan():
     assert not _plan(4096, 4096, 8, "swiglu", grouped=True, m_tiles=9,
                      permuted=True).config.ctas
     # the decode down GEMM: 4 consumer warps and 3 stages at few token tiles where the rank
-    # expects about one expert's rows (one EP 8 rank at T = 1), else 2 warps and 2 stages;
-    # never persistent
+    # expects a few experts' rows (one EP 4 or EP 8 rank at T = 1), else 2 warps and 2
+    # stages; never persistent
     down = {(m, few): _plan(7168, 3072, 8, "row_scale", grouped=True, m_tiles=m,
                             permuted=True, few_rows=few).config
             for m in (1, D.PERSIST_MAX_TILES, D.PERSIST_MAX_TILES + 1) for few in (False, True)}
     assert {key: (c.warps_k, c.stages, c.ctas) for key, c in down.items()} == {
         (1, False): (2, 2, 0), (1, True): (4, 3, 0), (8, False): (2, 2, 0), (8, True): (4, 3, 0),
         (9, False): (2, 2, 0), (9, True): (2, 2, 0)}
-    for t, e, ge, warps in ((1, 384, -1, 2), (1, 48, 384, 4), (1, 96, 384, 2), (2, 48, 384, 2),
-                            (8, 48, 384, 2)):
+    for t, e, ge, warps in ((1, 384, -1, 2), (1, 48, 384, 4), (1, 96, 384, 4), (1, 192, 384, 2),
+                            (2, 48, 384, 2), (8, 48, 384, 2)):
         plan = D.plan_moe(t, 6, e, 7168, 3072, global_num_experts=ge)
         assert plan.down.config.warps_k == warps, (t, e, ge)
         assert plan.gate_up.config.warps_k == 4

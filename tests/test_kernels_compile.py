@@ -24,7 +24,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     """Grouped (MoE): 2 shapes x 2 GEMMs x the policy's 5 token tiles
     (``dispatch.MOE_POLICY_TILES``), plus the decode tiles of each shape (at most
     ``PERSIST_MAX_TILES`` token tiles: the persistent gate/up, and the 4-warp down of a rank
-    that expects one expert's rows). Dense
+    that expects a few experts' rows). Dense
     (shared-expert MLP): 2 shapes x 2 GEMMs x 6 token tiles, plus the dense WGMMA tiles that
     depend on the number of token tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the
     two shapes). Every grouped plan reads a permuted order (the 32-block one at 16-256, the

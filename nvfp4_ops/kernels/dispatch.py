@@ -128,9 +128,9 @@ DENSE_MAX_M_TILES = 16
 PERSIST_MAX_TILES = 8
 PERSIST_CTAS = 3 * NUM_SMS
 #: MoE: at most this many expected local slots (:func:`local_slots`; one EP 8 rank at T = 1:
-#: 0.75) is "one expert's rows", whose down GEMM at decode fills more SMs with 4 consumer
-#: warps (DESIGN.md section 3, "Tile shapes")
-FEW_ROWS_SLOTS = 1.0
+#: 0.75, EP 4: 1.5) is "a few experts' rows", whose down GEMM at decode fills more SMs with
+#: 4 consumer warps (DESIGN.md section 3, "Tile shapes")
+FEW_ROWS_SLOTS = 2.0
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
@@ -446,7 +446,7 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
                    few_rows: bool = False) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
-    (4 and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
+    (4 warps and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
     ``few_rows``); smaller chunks when K is not a multiple of the preferred one (with ``mx``
     scales, at least 512 k: a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
@@ -460,7 +460,7 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
         else:
             prefs = [(4, 2, 2)]
     elif grouped and decode and few_rows:
-        prefs = [(4, 2, 3)]  # one expert's rows fill more SMs (DESIGN.md section 3)
+        prefs = [(4, 2, 3)]  # a few experts' rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
     else:
@@ -601,7 +601,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         order: how the weights are stored; WFRAG is for dense problems, WPERM needs
             ``permuted``.
         mx: (grouped, ``permuted``) MXFP4 block scales, one UE8M0 byte per 32 k.
-        few_rows: (grouped) the launch expects about one expert's rows
+        few_rows: (grouped) the launch expects a few experts' rows at most
             (:data:`FEW_ROWS_SLOTS`): the streamed decode tile of a non-SwiGLU GEMM takes
             more consumer warps.
 
