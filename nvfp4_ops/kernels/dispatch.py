@@ -31,7 +31,10 @@ MoE activation order   both grouped GEMMs read a permuted k order (``pair`` for 
 tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fields`,
                        :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
                        :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`,
-                       grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`).
+                       grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`; MoE decode,
+                       at most :data:`PERSIST_MAX_TILES` token tiles: persistent gate/up CTAs,
+                       and a down GEMM on 4 warps where the rank expects at most
+                       :data:`FEW_ROWS_SLOTS` slots).
 =====================  ===========================================================================
 
 Nothing here reads a device: the SM count is the constant :data:`NUM_SMS` (H100/H200 SXM), so
