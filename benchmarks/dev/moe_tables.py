@@ -56,8 +56,6 @@ def table(shape: str, nv: dict, mx: dict | None) -> list[str]:
     return lines
 
 
-
-
 def detail(nv: dict, mx: dict | None) -> list[str]:
     """The results README's table of one shape: per EP slice and routing, ours and Humming
     in µs, the ratios, the roofline share, the token tile (``+`` the hot tile) and the MXFP4
