@@ -41,6 +41,8 @@ COLUMNS = {
                                  "TB/s, flops / 790 TFLOP/s) in µs",
     "<impl>_us": "median µs of one call per CUDA-graph replay after a 256 MB read flush "
                  "(ours, humming, bf16)",
+    "<impl>_us_runs": "--order abba (ours, Humming, Humming, ours): the two medians, in "
+                      "measurement order, whose mean is <impl>_us",
     "<impl>_chained_us": "--chained N: µs per call of a graph of N back-to-back calls "
                          "(throughput, not latency)",
     "<impl>_pct_roofline": "100 * roofline_us / <impl>_us",

@@ -96,6 +96,25 @@ def variant_plans(plan, args):
     return out
 
 
+def with_fields(plan, fields: dict):
+    """``plan`` with ``fields`` set on every WGMMA GEMM config (the hot tile's included)."""
+    def gemm(g):
+        if g.family != "wgmma":
+            return g
+        return dataclasses.replace(g, config=dataclasses.replace(g.config, **fields))
+
+    hot = plan.hot
+    if hot is not None:
+        hot = dataclasses.replace(hot, gate_up=gemm(hot.gate_up), down=gemm(hot.down))
+    return dataclasses.replace(plan, gate_up=gemm(plan.gate_up), down=gemm(plan.down), hot=hot)
+
+
+def parse_fields(items: list[str]) -> list[dict]:
+    """``["a=1,b=2", "c=3"]`` -> ``[{"a": 1, "b": 2}, {"c": 3}]`` (int values)."""
+    return [{k: int(v) for k, v in (kv.split("=", 1) for kv in item.split(","))}
+            for item in items]
+
+
 def time_variants(plan, call, base_us: float, args, flush) -> None:
     """Time the whole op at each :func:`variant_plans` of ``plan`` and print the µs of each
     against the planned shapes' ``base_us`` (and ``DIFF n`` where its output is not bitwise
@@ -146,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(0: the policy's)")
     p.add_argument("--flex", nargs="+", type=int, default=[1], choices=[0, 1],
                    help="time each tile with whole-width (0) and flexible-width (1) CTAs")
+    p.add_argument("--op-fields", nargs="+", default=[], metavar="FIELD=V[,FIELD=V]",
+                   help="also time the op's own plan with these WgmmaConfig fields set on "
+                        "every WGMMA GEMM (one variant per argument; outputs checked bitwise)")
     p.add_argument("--jobs", type=int, default=1,
                    help="compile the configs the run needs in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
@@ -164,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                                                s.intermediate, global_num_experts=s.experts,
                                                order=dispatch.WeightOrder.WPERM,
                                                flex=bool(fx))
-                        configs += [c.config for c in (op.gate_up, op.down)]
-                        if op.hot is not None:
-                            configs += [op.hot.gate_up.config, op.hot.down.config]
+                        for o in [op, *(with_fields(op, f) for f in parse_fields(args.op_fields))]:
+                            configs += [c.config for c in (o.gate_up, o.down)]
+                            if o.hot is not None:
+                                configs += [o.hot.gate_up.config, o.hot.down.config]
                     for bm, fx in [(bm, fx) for bm in args.tiles for fx in args.flex]:
                         try:
                             plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
@@ -221,6 +244,17 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"    op {'flex ' if fx else 'whole'} {op.block_m}"
                               f"{f' + hot {op.hot.routing.block_m}' if op.hot else ''}: "
                               f"{op_us[fx]:8.1f} us", flush=True)
+                        expected = call() if args.op_fields else None
+                        for fields in parse_fields(args.op_fields):
+                            vcall = functools.partial(call.func, *call.args,
+                                                      **{**call.keywords,
+                                                         "plan": with_fields(op, fields)})
+                            diff = int((vcall() != expected).sum())
+                            v_us = time_one_call(vcall, args.reps, flush)
+                            again = time_one_call(call, args.reps, flush)
+                            print(f"    op +{fields}: {v_us:8.1f} us, plan again {again:8.1f} "
+                                  f"({v_us / (0.5 * (op_us[fx] + again)):.3f})"
+                                  f"{f' DIFF {diff}' if diff else ''}", flush=True)
                     cells = {}
                     seen = set()
                     for bm, fx in [(bm, fx) for bm in args.tiles for fx in args.flex]:
