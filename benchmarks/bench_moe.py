@@ -33,11 +33,12 @@ Timing: each implementation is captured in a CUDA graph holding ONE call; every 
 is preceded by an untimed L2 flush that *reads* 256 MB (a write flush leaves dirty lines whose
 write-back is charged to the timed call); a measurement is the median of ``--reps`` replays.
 ``--order abba`` (default): ours, Humming, Humming again, ours again, each implementation's
-figure the mean of its two medians (``<impl>_us_runs`` keeps both), because the first
-measurement of a cell tends to run faster than later ones (the clock settles lower under a
-long run of heavy kernels: the same plan's first median was up to 11 % below its later ones,
-``benchmarks/results/ab_scale_lead_h200.log``), which a fixed order would credit to whichever
-implementation goes first; ``--order ab``: one measurement each, ours first. ``--chained N``
+figure the mean of its two medians (``<impl>_us_runs`` keeps both). Why: two medians of the
+same call in one cell differ, by up to 11 % on an H200 (the same plan measured first and
+third, ``benchmarks/results/ab_scale_lead_h200.log``) and by 0.97-1.06x (deciles) on an H100
+(``bench_moe_*_h100.json``), so one measurement each in a fixed order can credit a drift of
+the GPU's clock to one side; the symmetric order cancels a linear drift. ``--order ab``: one
+measurement each, ours first. ``--chained N``
 adds a graph of N back-to-back calls per replay: a throughput figure, labelled "chained", not
 a latency.
 
