@@ -38,9 +38,8 @@ same call in one cell differ, by up to 11 % on an H200 (the same plan measured f
 third, ``benchmarks/results/ab_scale_lead_h200.log``) and by 0.97-1.06x (deciles) on an H100
 (``bench_moe_*_h100.json``), so one measurement each in a fixed order can credit a drift of
 the GPU's clock to one side; the symmetric order cancels a linear drift. ``--order ab``: one
-measurement each, ours first. ``--chained N``
-adds a graph of N back-to-back calls per replay: a throughput figure, labelled "chained", not
-a latency.
+measurement each, ours first. ``--chained N`` adds a graph of N back-to-back calls per replay:
+a throughput figure, labelled "chained", not a latency.
 
 Per cell: ``local_rows`` (slots routed to local experts), ``D`` (touched local experts),
 ``roofline_us = max(D * 3 H I * b / 4.1 TB/s, 6 * local_rows * H I / 790 TFLOP/s)`` with
