@@ -446,6 +446,8 @@ def test_plans_are_frozen_and_configs_built_once():
 #: kernel-config fields no reachable plan sets away from their default, and why they stay
 CONFIG_FIELDS_NOT_DISPATCHED = {
     "arch": "the compile target; sm_90a is the only one built (the field keys the cache)",
+    "unroll": "compiled and counted, not yet run on a GPU; the dispatch sets it once "
+              "test_moe_gpu.py -k unrolled and an H200 A/B pass (DESIGN.md section 10)",
 }
 
 

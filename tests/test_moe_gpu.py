@@ -250,6 +250,48 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     assert torch.equal(got, run(two)), "four row warpgroups differ from two"
 
 
+@pytest.mark.parametrize("shape_name,num_tokens,block_m,hot", [
+    ("tiny", 512, 16, False), ("v4-flash", 512, 16, False), ("v4-flash", 2048, 64, False),
+    ("v4-pro", 2048, 64, False), ("v4-flash", 4096, 128, True)])
+def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
+    """Every WGMMA GEMM of a plan with its consumers' k loop unrolled by the ring depth
+    (``WgmmaConfig.unroll``) gives the reference's output and bitwise the rolled plan's
+    (tiny: K = 128 / 256, fewer middle tiles than stages; V4: whole rounds and a remainder;
+    the 16-, 64- (two and four row warpgroups), 128- and 256-row tiles),
+    under skewed routing."""
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.testing import fast_random_experts
+
+    shape = nvfp4_ops.get_shape(shape_name)
+    experts = fast_random_experts(shape.experts, shape.hidden, shape.intermediate,
+                                  device="cuda", seed=11)
+    ids, weights = make_routing("skew", num_tokens, shape.experts, shape.top_k, seed=3)
+    ids, weights = ids.cuda(), weights.cuda()
+    hidden = _hidden(num_tokens, shape.hidden)
+    plan = dispatch.plan_moe(num_tokens, shape.top_k, shape.experts, shape.hidden,
+                             shape.intermediate, block_m=block_m, hot=hot)
+
+    def unrolled(g):
+        assert g.family == "wgmma", g
+        return dataclasses.replace(g, config=dataclasses.replace(g.config, unroll=True))
+
+    fields = {"gate_up": unrolled(plan.gate_up), "down": unrolled(plan.down)}
+    if hot:
+        fields["hot"] = dataclasses.replace(plan.hot, gate_up=unrolled(plan.hot.gate_up),
+                                            down=unrolled(plan.hot.down))
+    unrolled_plan = dataclasses.replace(plan, **fields)
+
+    def run(p):
+        _poison_allocator(8 * p.num_rows * (shape.hidden + shape.intermediate))
+        return moe_cuda.moe_forward(hidden, ids, weights, *experts.args(), 0,
+                                    shape.swiglu_limit, 1.5, plan=p)
+
+    got = run(unrolled_plan)
+    want = moe_reference(hidden, ids, weights, *experts.args(), 0, shape.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"{shape_name} T={num_tokens} bm={block_m} unrolled")
+    assert torch.equal(got, run(plan)), "the unrolled k loop differs from the rolled one"
+
+
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
     """One graph at a size with a hot tile, replayed with routings that use no hot expert,
     some, and only hot experts: every replay equals the eager call and the reference."""

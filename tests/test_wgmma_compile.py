@@ -188,3 +188,38 @@ def test_flexible_width_kernel_has_a_wgmma_per_width(tmp_path):
         _plan(4096, 4096, 64, "swiglu", grouped=True, permuted=True, chained=True, flex=True),
         flex=16)
     assert shapes(sixteen, "sixteen") == [16, 32, 48, 64]
+
+
+def test_unrolled_k_loop_configs():
+    """``unroll`` (the consumers' k loop by the ring depth): its own name tag, refused with
+    split-K and stream-K."""
+    cfg = w4a16_wgmma.WgmmaConfig(4096, 4096, "swiglu", grouped=True, block_m=16, row_wgs=1,
+                                  stages=4, unroll=True)
+    assert "_st4_un_" in cfg.name
+    assert cfg.name != dataclasses.replace(cfg, unroll=False).name
+    with pytest.raises(ValueError, match="unroll"):
+        w4a16_wgmma.WgmmaConfig(18432, 7168, "none", block_m=128, row_wgs=1, split_k=2,
+                                unroll=True)
+    with pytest.raises(ValueError, match="unroll"):
+        dataclasses.replace(_plan(18432, 7168, 128, m_tiles=1, order=W.WFRAG), unroll=True)
+
+
+@pytest.mark.parametrize("k", [256, 384, 512, 1024])
+def test_unrolled_k_loop_issues_every_tile_once(k, tmp_path):
+    """An unrolled consumer (grouped 16-row tile, 4 ring stages) traces its first tile, one
+    round of ``stages`` tiles (the runtime loop, when the middle tiles fill a round), the
+    middle tiles past the last whole round and its last tile, four k16 WGMMAs each; the rolled
+    loop traces three tiles whatever K is."""
+    import re
+
+    rolled = _plan(256, k, 16, "swiglu", grouped=True, permuted=True, chained=True)
+    assert (rolled.block_m, rolled.row_wgs, rolled.num_stages) == (16, 1, 4)
+
+    def wgmmas(cfg, sub):
+        return len(re.findall(r"wgmma\.mma_async", kernel_ptx(cfg, tmp_path / sub)))
+
+    nst = rolled.num_stages
+    middle = k // w4a16_wgmma.BLOCK_K - 2
+    tiles = 2 + (nst if middle >= nst else 0) + middle % nst
+    assert wgmmas(dataclasses.replace(rolled, unroll=True), "unrolled") == 4 * tiles
+    assert wgmmas(rolled, "rolled") == 4 * 3

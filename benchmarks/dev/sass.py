@@ -3,9 +3,10 @@
 For each ``--nk`` shape and token count ``--ms``, the config ``nvfp4::linear`` would launch on
 prepared weights (``dispatch.plan_linear(..., order=WeightOrder.WFRAG)``; ``--checkpoint``
 for the checkpoint order) is compiled for sm_90a with its PTX kept, assembled with ptxas and
-disassembled with nvdisasm. Printed per kernel: its instruction count and, for its innermost
-loop that issues MMAs (a backward branch; the steady-state k loop), its length, its MMAs,
-instructions per MMA and a breakdown: integer decode work, ``HMUL2`` (the block-scale
+disassembled with nvdisasm. Printed per kernel: its registers per thread, its instruction
+count and, for its steady-state k loop (of the loops that issue MMAs, a label and a backward
+branch, the one with the fewest instructions per MMA), its length, its MMAs, instructions per
+MMA and a breakdown: integer decode work, ``HMUL2`` (the block-scale
 multiply), block-scale conversion (``F2FP``, ``HADD2.F32``, ``FMUL``), loads, uniform-datapath
 and synchronisation.
 
@@ -29,9 +30,10 @@ shapes (dense MLP and the MoE's grouped GEMMs, every token tile and weight order
 no generated code.
 
 Usage: ``python benchmarks/dev/sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
-[--checkpoint] [--moe SHAPE | --variants SHAPE ...] [--ptx-hash] [--keep DIR]``. The SASS
-counts need ptxas 13 (the ``nvidia-cuda-nvcc`` wheel the ``vllm`` extra brings; triton's ptxas
-12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm (triton's), found by
+[--checkpoint] [--moe SHAPE | --variants SHAPE ...] [--fields FIELD=V[,..]] [--ptx-hash]
+[--keep DIR]``; ``--fields`` adds each WGMMA case with those config fields set right after
+it. The SASS counts need ptxas 13 (the ``nvidia-cuda-nvcc`` wheel the ``vllm`` extra brings;
+triton's ptxas 12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm (triton's), found by
 :func:`nvfp4_ops.testing.find_cuda_tool`.
 """
 
@@ -74,17 +76,26 @@ def tool(name: str) -> str:
 
 
 def sass_of(cfg, folder: Path) -> str:
-    """Compile ``cfg`` (PTX kept in ``folder``), assemble for sm_90a, return its SASS text."""
+    """Compile ``cfg`` (PTX kept in ``folder``), assemble for sm_90a, return its SASS text
+    (ptxas's resource report in ``folder / "ptxas.txt"``, read by :func:`registers`)."""
     from nvfp4_ops.testing import kernel_ptx
 
     kernel_ptx(cfg, folder)
     (ptx,) = folder.glob("*.ptx")
     cubin = folder / "kernel.cubin"
-    subprocess.run([tool("ptxas"), "-arch=sm_90a", "-o", str(cubin), str(ptx)], check=True)
+    info = subprocess.run([tool("ptxas"), "-arch=sm_90a", "-v", "-o", str(cubin), str(ptx)],
+                          check=True, capture_output=True, text=True)
+    (folder / "ptxas.txt").write_text(info.stdout + info.stderr)
     sass = subprocess.run([tool("nvdisasm"), "-c", str(cubin)], check=True,
                           capture_output=True, text=True).stdout
     (folder / "kernel.sass").write_text(sass)
     return sass
+
+
+def registers(folder: Path) -> int:
+    """Registers per thread of the kernel :func:`sass_of` assembled in ``folder``."""
+    m = re.search(r"Used (\d+) registers", (folder / "ptxas.txt").read_text())
+    return int(m.group(1)) if m else -1
 
 
 def classify(op: str) -> str:
@@ -95,7 +106,9 @@ def classify(op: str) -> str:
 
 
 def loops(sass: str) -> list[dict]:
-    """Loops that issue MMAs (label .. backward branch), innermost (shortest) first."""
+    """Loops that issue MMAs (label .. backward branch), fewest instructions per MMA first:
+    the steady-state k loop (an unrolled one included) before the loops around it and the
+    barrier-wait retries that jump back over an MMA."""
     events = []  # (position, kind, payload)
     for m in _LABEL.finditer(sass):
         events.append((m.start(), "label", m.group(1)))
@@ -117,7 +130,7 @@ def loops(sass: str) -> list[dict]:
             if mma:
                 found.append({"len": len(body), "mma": mma,
                               "classes": collections.Counter(classify(o) for o in body)})
-    return sorted(found, key=lambda lp: lp["len"])
+    return sorted(found, key=lambda lp: (lp["len"] / lp["mma"], lp["len"]))
 
 
 def dense_cases(nks: list[str], ms: list[int], prepared: bool) -> list[tuple[str, object]]:
@@ -181,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --moe: the MXFP4 variants (UE8M0 scales) next to the NVFP4 ones")
     p.add_argument("--variants", nargs="+", metavar="SHAPE",
                    help="every config nvfp4_ops.warmup reaches for these model shapes")
+    p.add_argument("--fields", metavar="FIELD=V[,FIELD=V]",
+                   help="also count each WGMMA case with these config fields set (int "
+                        "values), right after it, e.g. unroll=1")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print the sha256 of each case's PTX instead of SASS counts")
     p.add_argument("--keep", type=Path, help="keep PTX / cubin / SASS under this folder")
@@ -197,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
                      for c in pair]
     else:
         cases = dense_cases(args.nk, args.ms, prepared)
+    if args.fields:
+        import dataclasses
+
+        fields = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.fields.split(","))}
+        tag = ",".join(f"{k}={v}" for k, v in fields.items())
+        cases = [c for label, cfg in cases for c in (
+            [(label, cfg), (f"{label} +{tag}", dataclasses.replace(cfg, **fields))]
+            if type(cfg).__name__ == "WgmmaConfig" else [(label, cfg)])]
     if args.ptx_hash:
         for _, cfg in cases:
             folder = root / cfg.name
@@ -206,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
         return 0
     names = [name for name, _ in CLASSES] + ["other"]
-    print(f"{'case':44s} {'kernel':>6s} {'loop':>5s} {'mma':>4s} {'/mma':>6s}  "
+    print(f"{'case':44s} {'regs':>4s} {'kernel':>6s} {'loop':>5s} {'mma':>4s} {'/mma':>6s}  "
           + " ".join(f"{n[:10]:>10s}" for n in names), flush=True)
     for label, cfg in cases:
         folder = root / cfg.name
@@ -215,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         total = len(_INSTR.findall(sass))
         label = f"{label} {cfg.name.split('_', 1)[0]}"
         found = loops(sass)
+        regs = registers(folder)
         if not found:
-            print(f"{label:44s} {total:6d}  (no MMA loop)")
+            print(f"{label:44s} {regs:4d} {total:6d}  (no MMA loop)")
             continue
         lp = found[0]
         cells = " ".join(f"{lp['classes'].get(c, 0):10d}" for c in names)
-        print(f"{label:44s} {total:6d} {lp['len']:5d} {lp['mma']:4d} "
+        print(f"{label:44s} {regs:4d} {total:6d} {lp['len']:5d} {lp['mma']:4d} "
               f"{lp['len'] / lp['mma']:6.1f}  {cells}", flush=True)
     if args.keep:
         print(f"PTX / cubin / SASS under {root}")

@@ -118,6 +118,14 @@ so padding rows cost neither tensor-core time nor activation traffic. Rows past 
 neither read nor written (their outputs are never combined). Every output element sums the
 same products in the same order at any width.
 
+Unrolled k loop (``unroll``; no split-K or stream-K): k tile ``t`` always reads ring slot
+``t % stages`` at phase ``(t // stages) & 1``, and K is a compile-time size, so the consumers
+run their middle tiles in rounds of ``stages`` tiles starting at tile 1 (a runtime loop whose
+body is ``stages`` traced tiles, each with its slot as a constant) and the tiles past the last
+whole round traced one by one. The slot's shared-memory addresses, its WGMMA descriptors and
+its barriers become constants where the rolled loop computes them and the ring state's
+wrap-around every tile. The order of every product and sum is that of the rolled loop.
+
 Grid: ``(N_out / features_per_cta, ceil(P / block_m))``, from static sizes and ``P`` only; the
 tile shape for a problem is chosen by :mod:`nvfp4_ops.kernels.dispatch`.
 """
@@ -256,6 +264,11 @@ class WgmmaConfig(GemmProblem):
     #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 ("MXFP4 scales" in
     #: the module docstring); grouped ``kperm`` tiles only
     mx: bool = False
+    #: the consumers' k loop unrolled by the ring depth (``split_k = 1``, 64-k stages, no
+    #: stream-K): every 64-k tile of an unrolled iteration reads a fixed ring slot, so the
+    #: ring state's wrap-around and the slot's address and descriptor arithmetic become
+    #: constants ("Unrolled k loop" in the module docstring)
+    unroll: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -311,6 +324,9 @@ class WgmmaConfig(GemmProblem):
                              "without split_k, 16, 32 or 64 dividing block_m in at most 4 widths")
         if self.mx and not (self.grouped and self.permuted and not self.streamk):
             raise ValueError("mx (UE8M0 scales per 32 k) is for grouped kperm tiles")
+        if self.unroll and (self.split_k > 1 or self.streamk):
+            raise ValueError("unroll (the k loop by the ring depth) is for tiles without "
+                             "split_k or stream-K")
 
     @property
     def consumers(self) -> int:
@@ -354,7 +370,8 @@ class WgmmaConfig(GemmProblem):
     def name(self) -> str:
         return (
             f"{self.name_head}_r{self.row_wgs}"
-            f"_s{self.split_k}_st{self.num_stages}{'_kp' if self.permuted else ''}"
+            f"_s{self.split_k}_st{self.num_stages}{'_un' if self.unroll else ''}"
+            f"{'_kp' if self.permuted else ''}"
             f"{'_pdl' if self.pdl else ''}{'_sib' if self.sibling else ''}"
             f"{self.order_tag}{f'_sk{self.streamk}' if self.streamk else ''}"
             f"{'_sa' if self.scale_ahead else ''}{f'_fx{self.flex}' if self.flex else ''}"
@@ -871,13 +888,35 @@ class W4A16WgmmaGemm(StreamKTiles):
         self.load_scales(sc, 2, s_lo, s_hi, sk + nsplit)
         state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
                                w_smem, stage_bytes_w, off_lo, off_hi, sel, True, False)
-        for it in cutlass.range(1, n_iter - 1, unroll=1):
-            sc[0] = sc[2]
-            sc[1] = sc[3]
-            nxt = sk + (it + 1) * nsplit
-            self.load_scales(sc, 2, s_lo, s_hi, nxt)
-            state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
-                                   w_smem, stage_bytes_w, off_lo, off_hi, sel, False, False)
+        if const_expr(cfg.unroll):
+            # tile t reads ring slot t % stages at phase (t // stages) & 1: rounds of `stages`
+            # tiles from tile 1 on give every tile of a round a constant slot
+            nst = self.stages
+            mid = n_iter - 2
+            rounds = mid // nst
+            for r in cutlass.range(rounds, unroll=1):
+                for u in cutlass.range_constexpr(nst):
+                    self.tile_at(pipe, r * nst + 1 + u, (1 + u) % nst,
+                                 (r + (1 + u) // nst) & 1, tiled_mma, acc, frags, raw, scl, sc,
+                                 t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi)
+            for u in cutlass.range_constexpr(mid % nst):
+                t = rounds * nst + 1 + u
+                self.tile_at(pipe, t, t % nst, (t // nst) & 1, tiled_mma, acc, frags, raw, scl,
+                             sc, t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi)
+            last = n_iter - 1
+            state = pipeline.PipelineState(nst, Int32(last), Int32(last % nst),
+                                           Int32((last // nst) & 1))
+            rel = pipeline.PipelineState(nst, Int32(last - 1), Int32((last - 1) % nst),
+                                         Int32(((last - 1) // nst) & 1))
+        else:
+            for it in cutlass.range(1, n_iter - 1, unroll=1):
+                sc[0] = sc[2]
+                sc[1] = sc[3]
+                nxt = sk + (it + 1) * nsplit
+                self.load_scales(sc, 2, s_lo, s_hi, nxt)
+                state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc,
+                                       t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, False,
+                                       False)
         sc[0] = sc[2]
         sc[1] = sc[3]
         state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
@@ -1088,6 +1127,21 @@ class W4A16WgmmaGemm(StreamKTiles):
             cute.gemm(tiled_mma, acc, frags[2 * j + s][(None, None, 0)],
                       t_cb[(None, None, 2 * j + s, slot)], acc)
         warpgroup.commit_group()
+
+    def tile_at(self, pipe, t, slot: int, phase, tiled_mma, acc, frags, raw, scl, sc, t_cb,
+                w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi):
+        """Middle tile ``t`` of an unrolled k loop (``unroll``, ``split_k = 1``): its ring
+        ``slot`` (a constant), the ring ``phase`` it waits for, and the tile before it released
+        from slot ``slot - 1``; the next tile's raw scales loaded first, as in the rolled loop
+        (plain Python, inlined while tracing)."""
+        nst = self.stages
+        sc[0] = sc[2]
+        sc[1] = sc[3]
+        self.load_scales(sc, 2, s_lo, s_hi, t + 1)
+        state = pipeline.PipelineState(nst, Int32(0), Int32(slot), Int32(phase))
+        rel = pipeline.PipelineState(nst, Int32(0), Int32((slot - 1) % nst), Int32(0))
+        self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
+                  stage_bytes_w, off_lo, off_hi, sel, False, False)
 
     def tile(self, pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
              stage_bytes_w, off_lo, off_hi, sel, first: bool, last: bool, q: int = 0,
