@@ -9,7 +9,9 @@ weight views, then the launch) against the registration call that repeats a kept
 (:class:`nvfp4_ops.ops._eager.Repeats`);
 for ``moe`` (V4-Flash, T = 1) only what comes before the first launch (checks, GPU check,
 kernel lookup and :func:`~nvfp4_ops.kernels.moe_cuda.moe_launch`, against the repeat's
-lookup), since its Triton kernels would run in the interpreter on a CPU. Best of seven
+lookup), since its Triton kernels would run in the interpreter on a CPU; and a tvm-ffi call
+with a GEMM launch's twelve operands as torch tensors or as tvm-ffi tensors made once (what
+the binary's argument passing costs, ``testing.nop``). Best of seven
 rounds of ``--calls`` calls each; the host's speed is printed with them (200 dict lookups),
 so figures from different hosts can be compared (the H200 machine's host took 4.8 µs for it,
 ``benchmarks/results/launch_cost_h200.log``).
@@ -99,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     lin_call(), mlp_call()
     moe_mod._repeats.keep(
         moe_args[:3], moe_args[3:9], moe_args[9:], object())
+    # what a CuTeDSL binary's argument passing costs (tvm-ffi's no-op test function, twelve
+    # operands as a GEMM launch passes them): torch tensors are converted on every call,
+    # tvm-ffi tensors made once (tvm_ffi.from_dlpack) are not
+    import tvm_ffi
+
+    nop = tvm_ffi.get_global_func("testing.nop")
+    operands = [torch.zeros(4, 4) for _ in range(12)]
+    ffi_operands = [tvm_ffi.from_dlpack(t) for t in operands]
     cases = {
         "linear M=1 (7168, 18432): checked call": lin_checked,
         "linear: repeat (kept launch)": lin_call,
@@ -106,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         "mlp: repeat (kept launch)": mlp_call,
         "moe T=1 (V4-Flash): checked, to 1st launch": moe_first,
         "moe: repeat, to 1st launch": moe_repeat,
+        "tvm-ffi call, 12 torch tensors": lambda: nop(*operands),
+        "tvm-ffi call, 2 torch + 10 tvm-ffi tensors": lambda: nop(*operands[:2],
+                                                                  *ffi_operands[2:]),
+        "tvm-ffi call, 12 tvm-ffi tensors": lambda: nop(*ffi_operands),
     }
     lookups: dict = {}
     host = _best_us(lambda: [lookups.get(i) for i in range(200)], args.calls)
