@@ -223,3 +223,20 @@ def test_unrolled_k_loop_issues_every_tile_once(k, tmp_path):
     tiles = 2 + (nst if middle >= nst else 0) + middle % nst
     assert wgmmas(dataclasses.replace(rolled, unroll=True), "unrolled") == 4 * tiles
     assert wgmmas(rolled, "rolled") == 4 * 3
+
+
+@pytest.mark.parametrize("shape_name,block_m,gemm", [("v4-pro", 64, "gate_up"),
+                                                     ("v4-flash", 256, "gate_up")])
+def test_unrolled_moe_tiles_compile(shape_name, block_m, gemm, tmp_path):
+    """The MoE's flexible-width tiles with their k loop unrolled (V4-Pro's 64-row gate/up:
+    four row warpgroups, 8 stages; V4-Flash's 256-row gate/up: two, 6 stages; whole rounds and a
+    remainder) compile for sm_90a and export."""
+    s = get_shape(shape_name)
+    plan = dispatch.plan_moe(block_m * s.experts // s.top_k, s.top_k, s.experts, s.hidden,
+                             s.intermediate, order=W.WPERM, block_m=block_m, hot=False)
+    cfg = dataclasses.replace(getattr(plan, gemm).config, unroll=True)
+    assert cfg.flex and (cfg.k // w4a16_wgmma.BLOCK_K - 2) % cfg.num_stages
+    compiled = w4a16_wgmma.compile_gemm(cfg)
+    path = tmp_path / f"{cfg.name}.o"
+    compiled.export_to_c(str(path), function_name=cfg.name)
+    assert path.stat().st_size > 0
