@@ -23,8 +23,8 @@
 #             (the decode tile per GPU: run it on an H100 and an H200)
 #   unroll    WgmmaConfig.unroll (compiled, not dispatched): its GPU test (bitwise the rolled
 #             plans' outputs), then the op's plan against the plan with every WGMMA GEMM
-#             unrolled (and unrolled with 6-stage rings), both shapes, T = 512-16384, both
-#             routings, EP 1 and 8
+#             unrolled (and so with the two-row-warpgroup 64-row tile at 6 stages), both
+#             shapes, T = 512-16384, both routings, EP 1 and 8
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
@@ -107,7 +107,8 @@ for part in "$@"; do
       tests unroll 300 tests/test_moe_gpu.py -k unrolled
       timeout -s KILL 540 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
         --tokens 2048 512 4096 16384 --routing uniform skew --ep 1 8 --tiles 1 \
-        --op-fields unroll=1 unroll=1,stages=6 --reps 20 --jobs "$jobs" --time-limit 420 \
+        --op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2" --reps 20 \
+        --jobs "$jobs" --time-limit 420 \
         >"$out/ab_unroll.log" 2>&1
       echo "== unroll A/B rc=$?"; grep -E "^v4|op \+" "$out/ab_unroll.log" | cut -c1-160 ;;
     *) echo "unknown part $part"; exit 2 ;;

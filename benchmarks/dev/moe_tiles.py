@@ -17,6 +17,9 @@ WGMMA tiles (16-256): ``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stage
 planned), the hot class's floor (``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile
 with whole-width and flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
 plan both ways (``op flex`` / ``op whole``: the A/B of ``WgmmaConfig.flex``).
+``--op-fields``: time the op's plan with WGMMA config fields set (all its WGMMA GEMMs, or only
+those matching ``@KEY=V``), between two runs of the plan itself, outputs checked bitwise, e.g.
+``--op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2"``.
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
@@ -96,12 +99,17 @@ def variant_plans(plan, args):
     return out
 
 
-def with_fields(plan, fields: dict):
-    """``plan`` with ``fields`` set on every WGMMA GEMM config (the hot tile's included)."""
+def with_fields(plan, groups: list[tuple[dict, dict]]):
+    """``plan`` with each group's ``fields`` set on every WGMMA GEMM config (the hot tile's
+    included) whose config has each of the group's ``where`` values, groups in order."""
     def gemm(g):
         if g.family != "wgmma":
             return g
-        return dataclasses.replace(g, config=dataclasses.replace(g.config, **fields))
+        config = g.config
+        for fields, where in groups:
+            if all(getattr(config, k) == v for k, v in where.items()):
+                config = dataclasses.replace(config, **fields)
+        return dataclasses.replace(g, config=config)
 
     hot = plan.hot
     if hot is not None:
@@ -109,10 +117,16 @@ def with_fields(plan, fields: dict):
     return dataclasses.replace(plan, gate_up=gemm(plan.gate_up), down=gemm(plan.down), hot=hot)
 
 
-def parse_fields(items: list[str]) -> list[dict]:
-    """``["a=1,b=2", "c=3"]`` -> ``[{"a": 1, "b": 2}, {"c": 3}]`` (int values)."""
-    return [{k: int(v) for k, v in (kv.split("=", 1) for kv in item.split(","))}
-            for item in items]
+def parse_fields(items: list[str]) -> list[list[tuple[dict, dict]]]:
+    """One variant per item, ``GROUP[;GROUP]``, a group ``FIELD=V[,FIELD=V][@KEY=V[,KEY=V]]``
+    (int values): set the fields on the WGMMA GEMMs whose config has every ``KEY=V`` (on all
+    of them without ``@``). ``"unroll=1;stages=6@block_m=64,row_wgs=2"`` -> ``[[({"unroll":
+    1}, {}), ({"stages": 6}, {"block_m": 64, "row_wgs": 2})]]``."""
+    def pairs(text: str) -> dict:
+        return {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
+
+    return [[(pairs(group.partition("@")[0]), pairs(group.partition("@")[2]))
+             for group in item.split(";")] for item in items]
 
 
 def time_variants(plan, call, base_us: float, args, flush) -> None:
@@ -165,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                         "(0: the policy's)")
     p.add_argument("--flex", nargs="+", type=int, default=[1], choices=[0, 1],
                    help="time each tile with whole-width (0) and flexible-width (1) CTAs")
-    p.add_argument("--op-fields", nargs="+", default=[], metavar="FIELD=V[,FIELD=V]",
+    p.add_argument("--op-fields", nargs="+", default=[],
+                   metavar="FIELD=V[,FIELD=V][@KEY=V,..][;...]",
                    help="also time the op's own plan with these WgmmaConfig fields set on "
-                        "every WGMMA GEMM (one variant per argument; outputs checked bitwise)")
+                        "every WGMMA GEMM, or after @ only on those whose config has those "
+                        "values; groups separated by ; (one variant per argument; outputs "
+                        "checked bitwise)")
     p.add_argument("--jobs", type=int, default=1,
                    help="compile the configs the run needs in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
@@ -245,14 +262,15 @@ def main(argv: list[str] | None = None) -> int:
                               f"{f' + hot {op.hot.routing.block_m}' if op.hot else ''}: "
                               f"{op_us[fx]:8.1f} us", flush=True)
                         expected = call() if args.op_fields else None
-                        for fields in parse_fields(args.op_fields):
+                        for label, fields in zip(args.op_fields,
+                                                 parse_fields(args.op_fields), strict=True):
                             vcall = functools.partial(call.func, *call.args,
                                                       **{**call.keywords,
                                                          "plan": with_fields(op, fields)})
                             diff = int((vcall() != expected).sum())
                             v_us = time_one_call(vcall, args.reps, flush)
                             again = time_one_call(call, args.reps, flush)
-                            print(f"    op +{fields}: {v_us:8.1f} us, plan again {again:8.1f} "
+                            print(f"    op +{label}: {v_us:8.1f} us, plan again {again:8.1f} "
                                   f"({v_us / (0.5 * (op_us[fx] + again)):.3f})"
                                   f"{f' DIFF {diff}' if diff else ''}", flush=True)
                     cells = {}
