@@ -30,6 +30,7 @@ __all__ = [
     "random_nvfp4",
     "random_routing",
     "rel_l2",
+    "with_wgmma_fields",
 ]
 
 WEIGHT_STD = 0.02
@@ -268,6 +269,26 @@ def planned_gemm(a: torch.Tensor, tile_expert: torch.Tensor | None, w: torch.Ten
                          tile_rows=tile_rows, row_scale=row_scale, bias=bias,
                          swiglu_limit=swiglu_limit)
     return plan
+
+
+def with_wgmma_fields(plan, fields: dict, where: dict | None = None):
+    """A MoE plan (:func:`nvfp4_ops.kernels.dispatch.plan_moe`) with ``fields`` set on the
+    config of each of its WGMMA GEMMs, the hot tile's included, whose config has every
+    ``where`` value (all of them without ``where``); the other GEMMs as planned. For GPU tests
+    and tools that run a plan with a config option the dispatch does not set."""
+    import dataclasses
+
+    where = where or {}
+
+    def gemm(g):
+        if g.family != "wgmma" or any(getattr(g.config, k) != v for k, v in where.items()):
+            return g
+        return dataclasses.replace(g, config=dataclasses.replace(g.config, **fields))
+
+    hot = plan.hot
+    if hot is not None:
+        hot = dataclasses.replace(hot, gate_up=gemm(hot.gate_up), down=gemm(hot.down))
+    return dataclasses.replace(plan, gate_up=gemm(plan.gate_up), down=gemm(plan.down), hot=hot)
 
 
 # --- Benchmark and multi-GPU helpers -------------------------------------------------------

@@ -374,3 +374,31 @@ def test_results_readme_moe_tables_are_the_committed_results():
     for table in tables:
         assert "| EP 8, skew: tile |" in table
         assert table.strip() in readme, table.splitlines()[2]
+
+
+def test_with_wgmma_fields_sets_only_matching_wgmma_gemms():
+    """``with_wgmma_fields``: the fields go on every WGMMA GEMM of a MoE plan (the hot tile's
+    included) or only on those whose config has the ``where`` values; streamed GEMMs and the
+    plan itself stay as they are."""
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.shapes import get_shape
+    from nvfp4_ops.testing import with_wgmma_fields
+
+    s = get_shape("v4-flash")
+    plan = dispatch.plan_moe(2048, s.top_k, s.experts, s.hidden, s.intermediate,
+                             order=dispatch.WeightOrder.WPERM, flex=True)
+    assert plan.hot is not None
+
+    def gemms(p):
+        return [p.gate_up, p.down, p.hot.gate_up, p.hot.down]
+
+    every = with_wgmma_fields(plan, {"unroll": True})
+    assert all(g.config.unroll for g in gemms(every))
+    assert not any(g.config.unroll for g in gemms(plan))
+    some = with_wgmma_fields(plan, {"stages": 6}, {"block_m": 64, "row_wgs": 2})
+    changed = [g.config != h.config for g, h in zip(gemms(some), gemms(plan), strict=True)]
+    assert changed == [g.config.block_m == 64 and g.config.row_wgs == 2 for g in gemms(plan)]
+    assert any(changed) and not all(changed)
+    decode = dispatch.plan_moe(1, s.top_k, s.experts, s.hidden, s.intermediate)
+    assert decode.gate_up.family != "wgmma"
+    assert with_wgmma_fields(decode, {"unroll": True}) == decode

@@ -8,8 +8,6 @@ Every test runs the real CUDA path: the module fixture checks that the op dispat
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -55,6 +53,16 @@ def _poison_allocator(nbytes: int) -> None:
 
 def _hidden(num_tokens, hidden_size):
     return torch.randn(num_tokens, hidden_size, device="cuda").to(torch.bfloat16)
+
+
+def _forward(shape, experts, hidden, ids, weights, plan, expert_start=0):
+    """``moe_cuda.moe_forward`` on ``plan`` (output scale 1.5) into a NaN-poisoned allocator:
+    the tests that run one plan against a variant of it."""
+    from nvfp4_ops.kernels import moe_cuda
+
+    _poison_allocator(8 * plan.num_rows * (shape.hidden + shape.intermediate))
+    return moe_cuda.moe_forward(hidden, ids, weights, *experts.args(), expert_start,
+                                shape.swiglu_limit, 1.5, plan=plan)
 
 
 def _run(shape, experts, hidden, ids, weights, expert_start=0, output_scale=1.5):
@@ -179,7 +187,7 @@ def test_flexible_width_tiles_every_width(flash, block_m, hot):
     row; classes of 16 for the 64-row tile, ``dispatch.MOE_FLEX``) give the reference's output
     and bitwise the output of the same plan at whole width; with ``hot``, the hot experts'
     256-row tile is flexible too."""
-    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.kernels import dispatch
 
     num_tokens = 512
     counts = [1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 96, 97, 127, 128, 129, 192, 193,
@@ -194,9 +202,7 @@ def test_flexible_width_tiles_every_width(flash, block_m, hot):
         assert plan.block_m == block_m and (plan.hot is not None) == hot
         gemms = [plan.gate_up, plan.down] + ([plan.hot.gate_up, plan.hot.down] if hot else [])
         assert all(bool(g.config.flex) == flex for g in gemms)
-        _poison_allocator(8 * plan.num_rows * (FLASH.hidden + FLASH.intermediate))
-        return moe_cuda.moe_forward(hidden, ids, weights, *flash.args(), 0,
-                                    FLASH.swiglu_limit, 1.5, plan=plan)
+        return _forward(FLASH, flash, hidden, ids, weights, plan)
 
     got = run(True)
     want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
@@ -214,8 +220,8 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     same products in the same order), for experts ending in every width class; V4-Pro as one
     EP 8 rank too (48 local experts of 384, global ids, two thirds of the slots on other
     ranks' experts)."""
-    from nvfp4_ops.kernels import dispatch, moe_cuda
-    from nvfp4_ops.testing import ep_slice, fast_random_experts
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import ep_slice, fast_random_experts, with_wgmma_fields
 
     shape = nvfp4_ops.get_shape(shape_name)
     start, local = ep_slice(shape.experts, ep)
@@ -235,19 +241,12 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     wgs = {g: getattr(plan, g).config.row_wgs for g in ("gate_up", "down")}
     assert wgs == {g: dispatch.grouped_row_wgs(block_m, getattr(plan, g).config.k)
                    for g in wgs} and 4 in wgs.values(), wgs
-    two = dataclasses.replace(plan, **{
-        g: dataclasses.replace(getattr(plan, g), config=dataclasses.replace(
-            getattr(plan, g).config, row_wgs=2)) for g in ("gate_up", "down")})
-
-    def run(p):
-        _poison_allocator(8 * p.num_rows * (shape.hidden + shape.intermediate))
-        return moe_cuda.moe_forward(hidden, ids, weights, *experts.args(), start,
-                                    shape.swiglu_limit, 1.5, plan=p)
-
-    got = run(plan)
+    two = with_wgmma_fields(plan, {"row_wgs": 2})
+    got = _forward(shape, experts, hidden, ids, weights, plan, start)
     want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"{shape_name} ep{ep} bm{block_m} four row warpgroups")
-    assert torch.equal(got, run(two)), "four row warpgroups differ from two"
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, two, start)), \
+        "four row warpgroups differ from two"
 
 
 @pytest.mark.parametrize("shape_name,num_tokens,block_m,hot", [
@@ -259,8 +258,8 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     (tiny: K = 128 / 256, fewer middle tiles than stages; V4: whole rounds and a remainder;
     the 16-, 64- (two and four row warpgroups), 128- and 256-row tiles),
     under skewed routing."""
-    from nvfp4_ops.kernels import dispatch, moe_cuda
-    from nvfp4_ops.testing import fast_random_experts
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import fast_random_experts, with_wgmma_fields
 
     shape = nvfp4_ops.get_shape(shape_name)
     experts = fast_random_experts(shape.experts, shape.hidden, shape.intermediate,
@@ -270,26 +269,16 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     hidden = _hidden(num_tokens, shape.hidden)
     plan = dispatch.plan_moe(num_tokens, shape.top_k, shape.experts, shape.hidden,
                              shape.intermediate, block_m=block_m, hot=hot)
+    unrolled = with_wgmma_fields(plan, {"unroll": True})
+    gemms = [unrolled.gate_up, unrolled.down]
+    gemms += [unrolled.hot.gate_up, unrolled.hot.down] if hot else []
+    assert all(g.family == "wgmma" and g.config.unroll for g in gemms), gemms
 
-    def unrolled(g):
-        assert g.family == "wgmma", g
-        return dataclasses.replace(g, config=dataclasses.replace(g.config, unroll=True))
-
-    fields = {"gate_up": unrolled(plan.gate_up), "down": unrolled(plan.down)}
-    if hot:
-        fields["hot"] = dataclasses.replace(plan.hot, gate_up=unrolled(plan.hot.gate_up),
-                                            down=unrolled(plan.hot.down))
-    unrolled_plan = dataclasses.replace(plan, **fields)
-
-    def run(p):
-        _poison_allocator(8 * p.num_rows * (shape.hidden + shape.intermediate))
-        return moe_cuda.moe_forward(hidden, ids, weights, *experts.args(), 0,
-                                    shape.swiglu_limit, 1.5, plan=p)
-
-    got = run(unrolled_plan)
+    got = _forward(shape, experts, hidden, ids, weights, unrolled)
     want = moe_reference(hidden, ids, weights, *experts.args(), 0, shape.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"{shape_name} T={num_tokens} bm={block_m} unrolled")
-    assert torch.equal(got, run(plan)), "the unrolled k loop differs from the rolled one"
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, plan)), \
+        "the unrolled k loop differs from the rolled one"
 
 
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):

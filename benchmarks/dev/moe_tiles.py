@@ -100,21 +100,13 @@ def variant_plans(plan, args):
 
 
 def with_fields(plan, groups: list[tuple[dict, dict]]):
-    """``plan`` with each group's ``fields`` set on every WGMMA GEMM config (the hot tile's
-    included) whose config has each of the group's ``where`` values, groups in order."""
-    def gemm(g):
-        if g.family != "wgmma":
-            return g
-        config = g.config
-        for fields, where in groups:
-            if all(getattr(config, k) == v for k, v in where.items()):
-                config = dataclasses.replace(config, **fields)
-        return dataclasses.replace(g, config=config)
+    """``plan`` with each group's ``(fields, where)`` applied in order
+    (:func:`nvfp4_ops.testing.with_wgmma_fields`)."""
+    from nvfp4_ops.testing import with_wgmma_fields
 
-    hot = plan.hot
-    if hot is not None:
-        hot = dataclasses.replace(hot, gate_up=gemm(hot.gate_up), down=gemm(hot.down))
-    return dataclasses.replace(plan, gate_up=gemm(plan.gate_up), down=gemm(plan.down), hot=hot)
+    for fields, where in groups:
+        plan = with_wgmma_fields(plan, fields, where)
+    return plan
 
 
 def parse_fields(items: list[str]) -> list[list[tuple[dict, dict]]]:
