@@ -889,31 +889,24 @@ class W4A16WgmmaGemm(StreamKTiles):
         state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
                                w_smem, stage_bytes_w, off_lo, off_hi, sel, True, False)
         if const_expr(cfg.unroll):
-            # tile t reads ring slot t % stages at phase (t // stages) & 1: rounds of `stages`
-            # tiles from tile 1 on give every tile of a round a constant slot
-            nst = self.stages
-            mid = n_iter - 2
-            rounds = mid // nst
+            # rounds of `stages` middle tiles from tile 1 on, every tile's ring slot a constant
+            # (ring_at); then the middle tiles past the last whole round, traced one by one
+            rounds, rest = divmod(n_iter - 2, self.stages)
             for r in cutlass.range(rounds, unroll=1):
-                for u in cutlass.range_constexpr(nst):
-                    self.tile_at(pipe, r * nst + 1 + u, (1 + u) % nst,
-                                 (r + (1 + u) // nst) & 1, tiled_mma, acc, frags, raw, scl, sc,
-                                 t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi)
-            for u in cutlass.range_constexpr(mid % nst):
-                t = rounds * nst + 1 + u
-                self.tile_at(pipe, t, t % nst, (t // nst) & 1, tiled_mma, acc, frags, raw, scl,
-                             sc, t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi)
-            last = n_iter - 1
-            state = pipeline.PipelineState(nst, Int32(last), Int32(last % nst),
-                                           Int32((last // nst) & 1))
-            rel = pipeline.PipelineState(nst, Int32(last - 1), Int32((last - 1) % nst),
-                                         Int32(((last - 1) // nst) & 1))
+                for u in cutlass.range_constexpr(self.stages):
+                    self.next_scales(sc, s_lo, s_hi, r * self.stages + 2 + u)
+                    state, rel = self.ring_at(r, u)
+                    self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb,
+                              w_smem, stage_bytes_w, off_lo, off_hi, sel, False, False)
+            for u in cutlass.range_constexpr(rest):
+                self.next_scales(sc, s_lo, s_hi, rounds * self.stages + 2 + u)
+                state, rel = self.ring_at(rounds, u)
+                self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
+                          stage_bytes_w, off_lo, off_hi, sel, False, False)
+            state, rel = self.ring_at(rounds, rest)  # the last tile's
         else:
             for it in cutlass.range(1, n_iter - 1, unroll=1):
-                sc[0] = sc[2]
-                sc[1] = sc[3]
-                nxt = sk + (it + 1) * nsplit
-                self.load_scales(sc, 2, s_lo, s_hi, nxt)
+                self.next_scales(sc, s_lo, s_hi, sk + (it + 1) * nsplit)
                 state, rel = self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc,
                                        t_cb, w_smem, stage_bytes_w, off_lo, off_hi, sel, False,
                                        False)
@@ -1128,20 +1121,24 @@ class W4A16WgmmaGemm(StreamKTiles):
                       t_cb[(None, None, 2 * j + s, slot)], acc)
         warpgroup.commit_group()
 
-    def tile_at(self, pipe, t, slot: int, phase, tiled_mma, acc, frags, raw, scl, sc, t_cb,
-                w_smem, stage_bytes_w, off_lo, off_hi, sel, s_lo, s_hi):
-        """Middle tile ``t`` of an unrolled k loop (``unroll``, ``split_k = 1``): its ring
-        ``slot`` (a constant), the ring ``phase`` it waits for, and the tile before it released
-        from slot ``slot - 1``; the next tile's raw scales loaded first, as in the rolled loop
-        (plain Python, inlined while tracing)."""
-        nst = self.stages
+    def next_scales(self, sc, s_lo, s_hi, k_tile) -> None:
+        """Between two k tiles: the loaded raw scales become this tile's (``sc[0..1]``) and
+        k tile ``k_tile``'s are loaded into ``sc[2..3]`` (plain Python, inlined)."""
         sc[0] = sc[2]
         sc[1] = sc[3]
-        self.load_scales(sc, 2, s_lo, s_hi, t + 1)
+        self.load_scales(sc, 2, s_lo, s_hi, k_tile)
+
+    def ring_at(self, r, u: int):
+        """``(state, rel)`` of k tile ``t = r * stages + 1 + u`` of an unrolled loop (``unroll``,
+        ``split_k = 1``; ``r`` may be a runtime round, ``u < stages`` is a constant): the tile
+        reads ring slot ``t % stages = (1 + u) % stages``, a constant, at phase ``(t // stages)
+        & 1``, and releases the slot before it (plain Python, inlined)."""
+        nst = self.stages
+        slot = (1 + u) % nst
+        phase = (r + (1 + u) // nst) & 1
         state = pipeline.PipelineState(nst, Int32(0), Int32(slot), Int32(phase))
         rel = pipeline.PipelineState(nst, Int32(0), Int32((slot - 1) % nst), Int32(0))
-        self.tile(pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
-                  stage_bytes_w, off_lo, off_hi, sel, False, False)
+        return state, rel
 
     def tile(self, pipe, state, rel, tiled_mma, acc, frags, raw, scl, sc, t_cb, w_smem,
              stage_bytes_w, off_lo, off_hi, sel, first: bool, last: bool, q: int = 0,
