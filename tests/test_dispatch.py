@@ -433,6 +433,39 @@ def test_hot_tile_class_rule():
             assert (two.hot is not None) == (two.block_m in D.MOE_HOT_TILE)
 
 
+@pytest.mark.parametrize("mx", [False, True])
+def test_unrolled_k_loop_rule(mx):
+    """The grouped WGMMA GEMMs of at least GROUPED_UNROLL_MIN_WEIGHTS weights per expert (both
+    of V4-Pro's) unroll their k loop at every T, EP slice and tile, hot tiles and MXFP4
+    included; V4-Flash's, the streamed decode tiles and every dense GEMM stay rolled; each
+    unrolled config is among those warm-up compiles."""
+    order = W.WPERM
+    reach = {p.config.name: p.config for p in D.reachable_plans(
+        moes=[(4096, 2048, order, mx), (7168, 3072, order, mx)])}
+    assert 4096 * 4096 < D.GROUPED_UNROLL_MIN_WEIGHTS <= 7168 * 3072
+    seen = set()
+    for h, i, e, want in ((4096, 2048, 256, False), (7168, 3072, 384, True)):
+        for t in (1, 8, 128, 512, 2048, 4096, 16384):
+            for local, total in ((e, -1), (e // 8, e)):
+                plan = D.plan_moe(t, 6, local, h, i, global_num_experts=total, order=order,
+                                  mx=mx)
+                gemms = [plan.gate_up, plan.down]
+                gemms += [plan.hot.gate_up, plan.hot.down] if plan.hot else []
+                for g in gemms:
+                    assert g.config.name in reach, (h, t, local, g.config.name)
+                    if g.family == "wgmma":
+                        assert g.config.unroll == want, (h, t, local, g.config.name)
+                        seen.add((want, g.config.block_m))
+                    else:
+                        assert not getattr(g.config, "unroll", False)
+    # the rule reached every grouped WGMMA tile of both shapes
+    assert {bm for u, bm in seen if u} == {bm for u, bm in seen if not u} == {16, 64, 128, 256}
+    dense = D.reachable_plans(linears=[(7168, 18432, False, W.CHECKPOINT),
+                                       (7168, 18432, False, W.WFRAG)],
+                              mlps=[(7168, 3072, W.CHECKPOINT)])
+    assert not any(getattr(p.config, "unroll", False) for p in dense)
+
+
 def test_plans_are_frozen_and_configs_built_once():
     plan = D.plan_linear(7168, 18432, 16, order=W.WFRAG)
     with pytest.raises(AttributeError):
@@ -446,8 +479,6 @@ def test_plans_are_frozen_and_configs_built_once():
 #: kernel-config fields no reachable plan sets away from their default, and why they stay
 CONFIG_FIELDS_NOT_DISPATCHED = {
     "arch": "the compile target; sm_90a is the only one built (the field keys the cache)",
-    "unroll": "compiled and counted, not yet run on a GPU; the dispatch sets it once "
-              "test_moe_gpu.py -k unrolled and an H200 A/B pass (DESIGN.md section 10)",
 }
 
 

@@ -254,7 +254,8 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     ("v4-pro", 2048, 64, False), ("v4-flash", 4096, 128, True)])
 def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     """Every WGMMA GEMM of a plan with its consumers' k loop unrolled by the ring depth
-    (``WgmmaConfig.unroll``) gives the reference's output and bitwise the rolled plan's
+    (``WgmmaConfig.unroll``) gives the reference's output and bitwise that of the same plan
+    with every GEMM rolled
     (tiny: K = 128 / 256, fewer middle tiles than stages; V4: whole rounds and a remainder;
     the 16-, 64- (two and four row warpgroups), 128- and 256-row tiles),
     under skewed routing."""
@@ -269,15 +270,19 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     hidden = _hidden(num_tokens, shape.hidden)
     plan = dispatch.plan_moe(num_tokens, shape.top_k, shape.experts, shape.hidden,
                              shape.intermediate, block_m=block_m, hot=hot)
+    # both forms set explicitly: the dispatch unrolls some shapes' GEMMs itself
     unrolled = with_wgmma_fields(plan, {"unroll": True})
-    gemms = [unrolled.gate_up, unrolled.down]
-    gemms += [unrolled.hot.gate_up, unrolled.hot.down] if hot else []
-    assert all(g.family == "wgmma" and g.config.unroll for g in gemms), gemms
+    rolled = with_wgmma_fields(plan, {"unroll": False})
+    for form, want_unroll in ((unrolled, True), (rolled, False)):
+        gemms = [form.gate_up, form.down]
+        gemms += [form.hot.gate_up, form.hot.down] if hot else []
+        assert all(g.family == "wgmma" and g.config.unroll == want_unroll
+                   for g in gemms), gemms
 
     got = _forward(shape, experts, hidden, ids, weights, unrolled)
     want = moe_reference(hidden, ids, weights, *experts.args(), 0, shape.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"{shape_name} T={num_tokens} bm={block_m} unrolled")
-    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, plan)), \
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, rolled)), \
         "the unrolled k loop differs from the rolled one"
 
 

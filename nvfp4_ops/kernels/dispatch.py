@@ -31,7 +31,8 @@ MoE activation order   both grouped GEMMs read a permuted k order (``pair`` for 
 tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fields`,
                        :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
                        :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`,
-                       grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`; MoE decode,
+                       grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`, k loop
+                       unrolled from :data:`GROUPED_UNROLL_MIN_WEIGHTS`; MoE decode,
                        at most :data:`PERSIST_MAX_TILES` token tiles: persistent gate/up CTAs,
                        and a down GEMM on 4 warps where the rank expects at most
                        :data:`FEW_ROWS_SLOTS` slots).
@@ -64,6 +65,7 @@ __all__ = [
     "gemm_supported",
     "GemmPlan",
     "GROUPED_ROW_WGS",
+    "GROUPED_UNROLL_MIN_WEIGHTS",
     "grouped_row_wgs",
     "HotPlan",
     "local_slots",
@@ -121,6 +123,12 @@ GROUPED_SMALL_TILES = {(16, "swiglu"): 4, (32, "swiglu"): 3, (16, "row_scale"): 
 #: warpgroups (one CTA) paid only with the longer reductions (the measurements: DESIGN.md
 #: section 8, "Row warpgroups of the grouped tiles")
 GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
+#: grouped WGMMA GEMMs of at least this many weights per expert (``N * K``) run their
+#: consumers' k loop unrolled by the ring's depth (``WgmmaConfig.unroll``): V4-Pro's two
+#: (44 M, 22 M) gained 1-11 % of the whole op at every measured T, routing and EP slice;
+#: V4-Flash's (16.8 M, 8.4 M) gained 2-8 % at EP 1 but lost up to 2.4 % on one EP 8 rank,
+#: and its 64-row two-warpgroup tile loses occupancy (DESIGN.md section 5)
+GROUPED_UNROLL_MIN_WEIGHTS = 20 << 20
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
 DENSE_MAX_M_TILES = 16
@@ -500,14 +508,17 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     """Tile of the WGMMA kernel. Grouped 16/32: one row warpgroup and the ring of
     :data:`GROUPED_SMALL_TILES`. Other grouped tiles: :data:`GROUPED_ROW_WGS` row warpgroups
     (two by default) sharing each activation tile; dense tiles below 128 (or without a tile
-    count): two; each falling back to two, then one, where N does not divide.
+    count): two; each falling back to two, then one, where N does not divide. Grouped GEMMs
+    of at least :data:`GROUPED_UNROLL_MIN_WEIGHTS` weights per expert unroll their k loop.
     Dense 128/256 with a tile count: the :data:`DENSE_TILES` shape with the least estimated
     time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput`` (whole waves of one CTA per SM;
     ties to the first entry)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
+    unroll = grouped and n * k >= GROUPED_UNROLL_MIN_WEIGHTS
     if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
-        return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue])
+        return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue],
+                    unroll=unroll)
     if not (grouped or m_tiles is None or block_m not in DENSE_TILES):
         m_tiles = max(1, min(m_tiles, DENSE_MAX_M_TILES))
         best, best_time = None, 0.0
@@ -530,7 +541,7 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     # the most row warpgroups (of the preferred count, two, one) that divide N
     preferred = grouped_row_wgs(block_m, k) if grouped else 2
     row_wgs = next(r for r in (preferred, 2, 1) if n_out % (per_wg * r) == 0 or r == 1)
-    return dict(row_wgs=row_wgs, split_k=1, stages=0)
+    return dict(row_wgs=row_wgs, split_k=1, stages=0, unroll=unroll)
 
 
 def grouped_row_wgs(block_m: int, k: int) -> int:
