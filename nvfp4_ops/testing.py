@@ -275,7 +275,8 @@ def with_wgmma_fields(plan, fields: dict, where: dict | None = None):
     """A MoE plan (:func:`nvfp4_ops.kernels.dispatch.plan_moe`) with ``fields`` set on the
     config of each of its WGMMA GEMMs, the hot tile's included, whose config has every
     ``where`` value (all of them without ``where``); the other GEMMs as planned. For GPU tests
-    and tools that run a plan with a config option the dispatch does not set."""
+    and tools that run a plan with config options other than the dispatch's (both forms of
+    ``unroll``, other ring depths or row warpgroups)."""
     import dataclasses
 
     where = where or {}

@@ -22,9 +22,9 @@
 #             T = 1-128: each GEMM's consumer warps x ring stages against the planned ones
 #             (the decode tile per GPU: run it on an H100 and an H200)
 #   unroll    WgmmaConfig.unroll (dispatched for V4-Pro's grouped GEMMs): the op's plan against
-#             the plan with every WGMMA GEMM unrolled (and so with the two-row-warpgroup 64-row
-#             tile at 6 stages), both shapes, T = 512-16384, both routings, EP 1 and 8; then its
-#             GPU test (bitwise the rolled plans' outputs)
+#             the same plan with every WGMMA GEMM rolled, and with every one unrolled but
+#             V4-Flash's two-row-warpgroup 64-row tile, both shapes, T = 512-16384, both
+#             routings, EP 1 and 8; then its GPU test (bitwise the rolled form's outputs)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
@@ -106,7 +106,7 @@ for part in "$@"; do
     unroll)  # the A/B first (its cells are bitwise checked too), then the test: one call
       timeout -s KILL 360 python3 benchmarks/dev/moe_tiles.py --shapes v4-pro v4-flash \
         --tokens 2048 512 4096 16384 --routing uniform skew --ep 1 8 --tiles 1 \
-        --op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2" --reps 20 \
+        --op-fields unroll=0 "unroll=1;unroll=0@block_m=64,row_wgs=2" --reps 20 \
         --jobs "$jobs" --time-limit 320 \
         >"$out/ab_unroll.log" 2>&1
       echo "== unroll A/B rc=$?"; grep -E "^v4|op \+" "$out/ab_unroll.log" | cut -c1-160
