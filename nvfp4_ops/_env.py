@@ -133,11 +133,11 @@ class Snapshot:
         self.names = names
         self._encoded = [_encoded(n) for n in names] if os.name == "posix" else None
 
-    def __call__(self) -> list:
+    def __call__(self) -> tuple:
         data = getattr(os.environ, "_data", None)
         if type(data) is not dict or self._encoded is None:
-            return [os.environ.get(n) for n in self.names]
-        return [data.get(e) for e in self._encoded]
+            return tuple(os.environ.get(n) for n in self.names)
+        return tuple(map(data.get, self._encoded))  # no Python frame per name
 
 
 def _encoded(name: str) -> bytes:
