@@ -30,7 +30,7 @@ __all__ = [
     "random_nvfp4",
     "random_routing",
     "rel_l2",
-    "with_wgmma_fields",
+    "with_config_fields",
 ]
 
 WEIGHT_STD = 0.02
@@ -271,20 +271,24 @@ def planned_gemm(a: torch.Tensor, tile_expert: torch.Tensor | None, w: torch.Ten
     return plan
 
 
-def with_wgmma_fields(plan, fields: dict, where: dict | None = None):
+def with_config_fields(plan, fields: dict, where: dict | None = None):
     """A MoE plan (:func:`nvfp4_ops.kernels.dispatch.plan_moe`) with ``fields`` set on the
-    config of each of its WGMMA GEMMs, the hot tile's included, whose config has every
-    ``where`` value (all of them without ``where``); the other GEMMs as planned. For GPU tests
-    and tools that run a plan with config options other than the dispatch's (both forms of
-    ``unroll``, other ring depths or row warpgroups)."""
+    config of each of its GEMMs, the hot tile's included, whose config has every field and
+    every ``where`` value (all those with the fields, without ``where``); the other GEMMs as
+    planned. Values take the type of the field they replace (``1`` sets a bool field to
+    True). For GPU tests and tools that run a plan with config options other than the
+    dispatch's (both forms of the WGMMA ``unroll``, other ring depths or row warpgroups, the
+    streamed ``early_loads``)."""
     import dataclasses
 
     where = where or {}
 
     def gemm(g):
-        if g.family != "wgmma" or any(getattr(g.config, k) != v for k, v in where.items()):
+        if any(not hasattr(g.config, k) for k in fields) or any(
+                getattr(g.config, k, object()) != v for k, v in where.items()):
             return g
-        return dataclasses.replace(g, config=dataclasses.replace(g.config, **fields))
+        typed = {k: type(getattr(g.config, k))(v) for k, v in fields.items()}
+        return dataclasses.replace(g, config=dataclasses.replace(g.config, **typed))
 
     hot = plan.hot
     if hot is not None:

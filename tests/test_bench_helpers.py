@@ -376,13 +376,13 @@ def test_results_readme_moe_tables_are_the_committed_results():
         assert table.strip() in readme, table.splitlines()[2]
 
 
-def test_with_wgmma_fields_sets_only_matching_wgmma_gemms():
-    """``with_wgmma_fields``: the fields go on every WGMMA GEMM of a MoE plan (the hot tile's
-    included) or only on those whose config has the ``where`` values; streamed GEMMs and the
-    plan itself stay as they are."""
+def test_with_config_fields_sets_only_matching_gemms():
+    """``with_config_fields``: the fields go on every GEMM of a MoE plan whose config has them
+    (the hot tile's included), or only on those whose config has the ``where`` values; the
+    others and the plan itself stay as they are; values take the field's type."""
     from nvfp4_ops.kernels import dispatch
     from nvfp4_ops.shapes import get_shape
-    from nvfp4_ops.testing import with_wgmma_fields
+    from nvfp4_ops.testing import with_config_fields
 
     s = get_shape("v4-flash")
     plan = dispatch.plan_moe(2048, s.top_k, s.experts, s.hidden, s.intermediate,
@@ -392,13 +392,16 @@ def test_with_wgmma_fields_sets_only_matching_wgmma_gemms():
     def gemms(p):
         return [p.gate_up, p.down, p.hot.gate_up, p.hot.down]
 
-    every = with_wgmma_fields(plan, {"unroll": True})
+    every = with_config_fields(plan, {"unroll": True})
     assert all(g.config.unroll for g in gemms(every))
     assert not any(g.config.unroll for g in gemms(plan))
-    some = with_wgmma_fields(plan, {"stages": 6}, {"block_m": 64, "row_wgs": 2})
+    some = with_config_fields(plan, {"stages": 6}, {"block_m": 64, "row_wgs": 2})
     changed = [g.config != h.config for g, h in zip(gemms(some), gemms(plan), strict=True)]
     assert changed == [g.config.block_m == 64 and g.config.row_wgs == 2 for g in gemms(plan)]
     assert any(changed) and not all(changed)
     decode = dispatch.plan_moe(1, s.top_k, s.experts, s.hidden, s.intermediate)
     assert decode.gate_up.family != "wgmma"
-    assert with_wgmma_fields(decode, {"unroll": True}) == decode
+    assert with_config_fields(decode, {"unroll": True}) == decode  # no such streamed field
+    gate_up_only = with_config_fields(decode, {"early_loads": 1}, {"epilogue": "swiglu"})
+    assert gate_up_only.gate_up.config.early_loads is True
+    assert gate_up_only.down == decode.down

@@ -221,7 +221,7 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     EP 8 rank too (48 local experts of 384, global ids, two thirds of the slots on other
     ranks' experts)."""
     from nvfp4_ops.kernels import dispatch
-    from nvfp4_ops.testing import ep_slice, fast_random_experts, with_wgmma_fields
+    from nvfp4_ops.testing import ep_slice, fast_random_experts, with_config_fields
 
     shape = nvfp4_ops.get_shape(shape_name)
     start, local = ep_slice(shape.experts, ep)
@@ -241,7 +241,7 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     wgs = {g: getattr(plan, g).config.row_wgs for g in ("gate_up", "down")}
     assert wgs == {g: dispatch.grouped_row_wgs(block_m, getattr(plan, g).config.k)
                    for g in wgs} and 4 in wgs.values(), wgs
-    two = with_wgmma_fields(plan, {"row_wgs": 2})
+    two = with_config_fields(plan, {"row_wgs": 2})
     got = _forward(shape, experts, hidden, ids, weights, plan, start)
     want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"{shape_name} ep{ep} bm{block_m} four row warpgroups")
@@ -260,7 +260,7 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     the 16-, 64- (two and four row warpgroups), 128- and 256-row tiles),
     under skewed routing."""
     from nvfp4_ops.kernels import dispatch
-    from nvfp4_ops.testing import fast_random_experts, with_wgmma_fields
+    from nvfp4_ops.testing import fast_random_experts, with_config_fields
 
     shape = nvfp4_ops.get_shape(shape_name)
     experts = fast_random_experts(shape.experts, shape.hidden, shape.intermediate,
@@ -271,8 +271,8 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
     plan = dispatch.plan_moe(num_tokens, shape.top_k, shape.experts, shape.hidden,
                              shape.intermediate, block_m=block_m, hot=hot)
     # both forms set explicitly: the dispatch unrolls some shapes' GEMMs itself
-    unrolled = with_wgmma_fields(plan, {"unroll": True})
-    rolled = with_wgmma_fields(plan, {"unroll": False})
+    unrolled = with_config_fields(plan, {"unroll": True})
+    rolled = with_config_fields(plan, {"unroll": False})
     for form, want_unroll in ((unrolled, True), (rolled, False)):
         gemms = [form.gate_up, form.down]
         gemms += [form.hot.gate_up, form.hot.down] if hot else []

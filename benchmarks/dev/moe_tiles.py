@@ -17,9 +17,11 @@ WGMMA tiles (16-256): ``row_wgs`` in ``--row-wgs``, ring ``stages`` in ``--stage
 planned), the hot class's floor (``dispatch.moe_hot_class``). ``--flex 0 1``: time each tile
 with whole-width and flexible-width CTAs (``dispatch.plan_moe(flex=...)``), and the op's own
 plan both ways (``op flex`` / ``op whole``: the A/B of ``WgmmaConfig.flex``).
-``--op-fields``: time the op's plan with WGMMA config fields set (all its WGMMA GEMMs, or only
-those matching ``@KEY=V``), between two runs of the plan itself, outputs checked bitwise, e.g.
-``--op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2"``.
+``--op-fields``: time the op's plan with config fields set (on every GEMM whose config has
+them, or only those also matching ``@KEY=V``), between two runs of the plan itself, outputs
+checked bitwise, e.g. ``--op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2"
+early_loads=1@epilogue=swiglu``. ``--format mxfp4``: MXFP4 experts (the kernels' UE8M0
+scales, per-row global scales) instead of NVFP4.
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
@@ -99,23 +101,47 @@ def variant_plans(plan, args):
     return out
 
 
+def experts(num_experts: int, hidden: int, inter: int, mx: bool) -> list[torch.Tensor]:
+    """Random experts on the GPU as ``moe_forward`` takes them (``w13, w13_scale, w13_global,
+    w2, w2_scale, w2_global``, codes in the ``wperm`` order): NVFP4, or (``mx``) MXFP4 with
+    the scales in the kernels' UE8M0 form and per-row global scales."""
+    import nvfp4_ops
+    from nvfp4_ops.testing import fast_random_experts, fast_random_mxfp4_experts
+
+    if mx:
+        m = fast_random_mxfp4_experts(num_experts, hidden, inter, device="cuda")
+        s13, g13 = nvfp4_ops.mxfp4_kernel_scales(m.w13, m.w13_scale)
+        s2, g2 = nvfp4_ops.mxfp4_kernel_scales(m.w2, m.w2_scale)
+        tensors = [m.w13, s13, g13, m.w2, s2, g2]
+    else:
+        tensors = list(fast_random_experts(num_experts, hidden, inter, device="cuda").args())
+    nvfp4_ops.to_wperm_(tensors[0])
+    nvfp4_ops.to_wperm_(tensors[3])
+    return tensors
+
+
 def with_fields(plan, groups: list[tuple[dict, dict]]):
     """``plan`` with each group's ``(fields, where)`` applied in order
-    (:func:`nvfp4_ops.testing.with_wgmma_fields`)."""
-    from nvfp4_ops.testing import with_wgmma_fields
+    (:func:`nvfp4_ops.testing.with_config_fields`)."""
+    from nvfp4_ops.testing import with_config_fields
 
     for fields, where in groups:
-        plan = with_wgmma_fields(plan, fields, where)
+        plan = with_config_fields(plan, fields, where)
     return plan
 
 
 def parse_fields(items: list[str]) -> list[list[tuple[dict, dict]]]:
     """One variant per item, ``GROUP[;GROUP]``, a group ``FIELD=V[,FIELD=V][@KEY=V[,KEY=V]]``
-    (int values): set the fields on the WGMMA GEMMs whose config has every ``KEY=V`` (on all
-    of them without ``@``). ``"unroll=1;stages=6@block_m=64,row_wgs=2"`` -> ``[[({"unroll":
-    1}, {}), ({"stages": 6}, {"block_m": 64, "row_wgs": 2})]]``."""
+    (ints where they parse as ints, else strings): set the fields on the GEMMs whose config
+    has them and every ``KEY=V`` (:func:`nvfp4_ops.testing.with_config_fields`).
+    ``"unroll=1;stages=6@block_m=64,row_wgs=2"`` -> ``[[({"unroll": 1}, {}), ({"stages": 6},
+    {"block_m": 64, "row_wgs": 2})]]``; ``"early_loads=1@epilogue=swiglu"`` -> ``[[({
+    "early_loads": 1}, {"epilogue": "swiglu"})]]``."""
+    def value(v: str):
+        return int(v) if v.lstrip("-").isdigit() else v
+
     def pairs(text: str) -> dict:
-        return {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
+        return {k: value(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
 
     return [[(pairs(group.partition("@")[0]), pairs(group.partition("@")[2]))
              for group in item.split(";")] for item in items]
@@ -146,7 +172,7 @@ def time_variants(plan, call, base_us: float, args, flush) -> None:
 def main(argv: list[str] | None = None) -> int:
     import nvfp4_ops
     from nvfp4_ops.kernels import dispatch, moe_cuda
-    from nvfp4_ops.testing import ep_slice, fast_random_experts, make_routing, moe_cost
+    from nvfp4_ops.testing import ep_slice, make_routing, moe_cost
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["v4-flash", "v4-pro"])
@@ -173,14 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="time each tile with whole-width (0) and flexible-width (1) CTAs")
     p.add_argument("--op-fields", nargs="+", default=[],
                    metavar="FIELD=V[,FIELD=V][@KEY=V,..][;...]",
-                   help="also time the op's own plan with these WgmmaConfig fields set on "
-                        "every WGMMA GEMM, or after @ only on those whose config has those "
-                        "values; groups separated by ; (one variant per argument; outputs "
-                        "checked bitwise)")
+                   help="also time the op's own plan with these config fields set on every "
+                        "GEMM whose config has them, or after @ only on those whose config "
+                        "also has those values; groups separated by ; (one variant per "
+                        "argument; outputs checked bitwise)")
+    p.add_argument("--format", choices=("nvfp4", "mxfp4"), default="nvfp4",
+                   help="the experts' format: NVFP4, or MXFP4 with its UE8M0 scales in the "
+                        "kernels' form (nvfp4_ops.mxfp4_kernel_scales: per-row global scales)")
     p.add_argument("--jobs", type=int, default=1,
                    help="compile the configs the run needs in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
     args = p.parse_args(argv)
+    mx = args.format == "mxfp4"
     if args.jobs > 1:
         from nvfp4_ops.cli.precompile import compile_configs
 
@@ -193,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     for fx in args.flex:
                         op = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
                                                s.intermediate, global_num_experts=s.experts,
-                                               order=dispatch.WeightOrder.WPERM,
+                                               order=dispatch.WeightOrder.WPERM, mx=mx,
                                                flex=bool(fx))
                         for o in [op, *(with_fields(op, f) for f in parse_fields(args.op_fields))]:
                             configs += [c.config for c in (o.gate_up, o.down)]
@@ -204,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                             plan = dispatch.plan_moe(num_tokens, s.top_k, local, s.hidden,
                                                      s.intermediate, global_num_experts=s.experts,
                                                      block_m=bm, order=dispatch.WeightOrder.WPERM,
-                                                     hot=False, flex=bool(fx))
+                                                     mx=mx, hot=False, flex=bool(fx))
                         except ValueError:
                             continue
                         if plan is None or plan.block_m != bm:
@@ -222,12 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     for shape_name in args.shapes:
         s = nvfp4_ops.get_shape(shape_name)
         h, i, e, k = s.hidden, s.intermediate, s.experts, s.top_k
-        full = fast_random_experts(e, h, i, device="cuda")
-        nvfp4_ops.to_wperm_(full.w13)
-        nvfp4_ops.to_wperm_(full.w2)
+        full = experts(e, h, i, mx)
         for ep in args.ep:
             start, local = ep_slice(e, ep)
-            w = [t[start:start + local] for t in full.args()]
+            w = [t[start:start + local] for t in full]
             for num_tokens in args.tokens:
                 for routing, seed in [(r, sd) for r in args.routing for sd in args.seeds]:
                     label = routing if args.seeds == [1] else f"{routing}/{seed}"
@@ -242,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                                             minlength=local)
                     cost = moe_cost(ids, h, i, expert_start=start, local_experts=local)
                     policy = dispatch.plan_moe(num_tokens, k, local, h, i, global_num_experts=e,
-                                               order=dispatch.WeightOrder.WPERM)
+                                               order=dispatch.WeightOrder.WPERM, mx=mx)
                     op_us = {}
                     for fx in args.flex:  # the op's own plan (hot tile included)
                         op = dispatch.plan_moe(num_tokens, k, local, h, i, global_num_experts=e,
-                                               order=dispatch.WeightOrder.WPERM, flex=bool(fx))
+                                               order=dispatch.WeightOrder.WPERM, mx=mx,
+                                               flex=bool(fx))
                         call = functools.partial(moe_cuda.moe_forward, hidden, ids, weights,
                                                  *w, start, s.swiglu_limit, 1.0, plan=op)
                         op_us[fx] = time_one_call(call, args.reps, flush)
@@ -254,15 +283,15 @@ def main(argv: list[str] | None = None) -> int:
                               f"{f' + hot {op.hot.routing.block_m}' if op.hot else ''}: "
                               f"{op_us[fx]:8.1f} us", flush=True)
                         expected = call() if args.op_fields else None
-                        for label, fields in zip(args.op_fields,
-                                                 parse_fields(args.op_fields), strict=True):
+                        for variant, fields in zip(args.op_fields,
+                                                   parse_fields(args.op_fields), strict=True):
                             vcall = functools.partial(call.func, *call.args,
                                                       **{**call.keywords,
                                                          "plan": with_fields(op, fields)})
                             diff = int((vcall() != expected).sum())
                             v_us = time_one_call(vcall, args.reps, flush)
                             again = time_one_call(call, args.reps, flush)
-                            print(f"    op +{label}: {v_us:8.1f} us, plan again {again:8.1f} "
+                            print(f"    op +{variant}: {v_us:8.1f} us, plan again {again:8.1f} "
                                   f"({v_us / (0.5 * (op_us[fx] + again)):.3f})"
                                   f"{f' DIFF {diff}' if diff else ''}", flush=True)
                     cells = {}
@@ -271,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             plan = dispatch.plan_moe(num_tokens, k, local, h, i,
                                                      global_num_experts=e, block_m=bm,
-                                                     order=dispatch.WeightOrder.WPERM,
+                                                     order=dispatch.WeightOrder.WPERM, mx=mx,
                                                      hot=False, flex=bool(fx))
                         except ValueError:
                             continue

@@ -31,8 +31,8 @@ no generated code.
 
 Usage: ``python benchmarks/dev/sass.py [--nk 7168x18432 18432x7168] [--ms 1 16 128]
 [--checkpoint] [--moe SHAPE | --variants SHAPE ...] [--fields FIELD=V[,..]] [--ptx-hash]
-[--keep DIR]``; ``--fields`` adds each WGMMA case with those config fields set right after
-it. The SASS counts need ptxas 13 (the ``nvidia-cuda-nvcc`` wheel the ``vllm`` extra brings;
+[--keep DIR]``; ``--fields`` adds each case whose config has those fields with them set, right
+after it. The SASS counts need ptxas 13 (the ``nvidia-cuda-nvcc`` wheel the ``vllm`` extra brings;
 triton's ptxas 12.9 rejects CuTeDSL 4.8's PTX 9.4) and nvdisasm (triton's), found by
 :func:`nvfp4_ops.testing.find_cuda_tool`.
 """
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", metavar="SHAPE",
                    help="every config nvfp4_ops.warmup reaches for these model shapes")
     p.add_argument("--fields", metavar="FIELD=V[,FIELD=V]",
-                   help="also count each WGMMA case with these config fields set (int "
+                   help="also count each case whose config has these fields with them set (int "
                         "values), right after it, e.g. unroll=1")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print the sha256 of each case's PTX instead of SASS counts")
@@ -218,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
 
         fields = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.fields.split(","))}
         tag = ",".join(f"{k}={v}" for k, v in fields.items())
+
+        def varied(cfg):  # the fields in the config's own types (a bool stays a bool)
+            return dataclasses.replace(cfg, **{k: type(getattr(cfg, k))(v)
+                                               for k, v in fields.items()})
+
         cases = [c for label, cfg in cases for c in (
-            [(label, cfg), (f"{label} +{tag}", dataclasses.replace(cfg, **fields))]
-            if type(cfg).__name__ == "WgmmaConfig" else [(label, cfg)])]
+            [(label, cfg), (f"{label} +{tag}", varied(cfg))]
+            if all(hasattr(cfg, k) for k in fields) else [(label, cfg)])]
     if args.ptx_hash:
         for _, cfg in cases:
             folder = root / cfg.name
