@@ -277,8 +277,8 @@ def with_config_fields(plan, fields: dict, where: dict | None = None):
     every ``where`` value (all those with the fields, without ``where``); the other GEMMs as
     planned. Values take the type of the field they replace (``1`` sets a bool field to
     True). For GPU tests and tools that run a plan with config options other than the
-    dispatch's (both forms of the WGMMA ``unroll``, other ring depths or row warpgroups, the
-    streamed ``early_loads``)."""
+    dispatch's (both forms of the WGMMA ``unroll``, other ring depths, row warpgroups or
+    consumer warps)."""
     import dataclasses
 
     where = where or {}

@@ -402,6 +402,7 @@ def test_with_config_fields_sets_only_matching_gemms():
     decode = dispatch.plan_moe(1, s.top_k, s.experts, s.hidden, s.intermediate)
     assert decode.gate_up.family != "wgmma"
     assert with_config_fields(decode, {"unroll": True}) == decode  # no such streamed field
-    gate_up_only = with_config_fields(decode, {"early_loads": 1}, {"epilogue": "swiglu"})
-    assert gate_up_only.gate_up.config.early_loads is True
+    gate_up_only = with_config_fields(decode, {"stages": 4}, {"epilogue": "swiglu"})
+    assert gate_up_only.gate_up.config.stages == 4 != decode.gate_up.config.stages
     assert gate_up_only.down == decode.down
+    assert type(with_config_fields(plan, {"unroll": 1}).down.config.unroll) is bool

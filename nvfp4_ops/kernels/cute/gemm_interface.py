@@ -33,8 +33,7 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from nvfp4_ops.orders.kperm import NATURAL
 
 __all__ = ["EPILOGUES", "LAUNCH_OVERLAPS", "DirectLaunch", "GemmProblem", "clamped_swiglu",
-           "compile_from_fakes", "epilogue_operands", "epilogue_value", "global_halves",
-           "row_global"]
+           "compile_from_fakes", "epilogue_value", "global_halves", "row_global"]
 
 EPILOGUES = ("none", "swiglu", "row_scale")
 #: how a launch overlaps the previous kernel on the stream (a config's ``overlap``): ``none``;
@@ -156,53 +155,26 @@ def clamped_swiglu(gate, up, limit):
 
 
 def epilogue_value(cfg, acc, i, i_up, unscale, w_global, expert, row, token, row_scale, bias,
-                   swiglu_limit, loaded=None):
+                   swiglu_limit):
     """The output value of (``token``, feature ``row``) from accumulator element ``acc[i]``
     (and, for ``swiglu``, the matching up row's ``acc[i_up]``; ``i``/``i_up`` static): times
     ``unscale`` (the decoder's power of two) and the row's global scale (gate and up each
-    their own), then the epilogue. ``loaded``: ``(gate global, up global, row scale, bias)``
-    of this row and token read earlier (None entries for what the epilogue does not use), or
-    None to read them here.
+    their own), then the epilogue.
 
     Plain Python: inlined while a kernel is traced (the two families with mma.sync C
     fragments, ``w4a16_gemm`` and ``w4a16_stream``).
     """
-    if loaded is None:
-        loaded = epilogue_operands(cfg, w_global, expert, row, token, row_scale, bias)
-    g_gate, g_up, r_scale, b = loaded
     v = acc[i] * unscale
-    v = v * g_gate
+    v = v * row_global(cfg, w_global, expert, row)
     if const_expr(cfg.epilogue == "swiglu"):
         up = acc[i_up] * unscale
-        up = up * g_up
+        up = up * row_global(cfg, w_global, expert, row, up=True)
         v = clamped_swiglu(v, up, swiglu_limit)
     if const_expr(cfg.epilogue == "row_scale"):
-        v = v * r_scale
+        v = v * row_scale[token]
     if const_expr(cfg.has_bias):
-        v = v + b
+        v = v + bias[row].to(Float32)
     return v
-
-
-def epilogue_operands(cfg, w_global, expert, row, token, row_scale, bias, *,
-                      row_part: bool = True, token_part: bool = True):
-    """What :func:`epilogue_value` reads from memory for (``token``, feature ``row``): ``(gate
-    global, up global, row scale, bias)``, None for those the epilogue does not use (the row
-    scale only for ``row_scale``, ``up`` only for ``swiglu``, bias only with one) and for
-    those of a part not asked for (``row_part``: the globals and the bias; ``token_part``:
-    the row scale).
-
-    Plain Python: inlined while a kernel is traced.
-    """
-    g_gate = g_up = r_scale = b = None
-    if const_expr(row_part):
-        g_gate = row_global(cfg, w_global, expert, row)
-        if const_expr(cfg.epilogue == "swiglu"):
-            g_up = row_global(cfg, w_global, expert, row, up=True)
-        if const_expr(cfg.has_bias):
-            b = bias[row].to(Float32)
-    if const_expr(token_part and cfg.epilogue == "row_scale"):
-        r_scale = row_scale[token]
-    return g_gate, g_up, r_scale, b
 
 
 class DirectLaunch:

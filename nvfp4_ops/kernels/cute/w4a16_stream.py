@@ -140,7 +140,6 @@ from nvfp4_ops.kernels.cute.gemm_interface import (
     DirectLaunch,
     GemmProblem,
     compile_from_fakes,
-    epilogue_operands,
     epilogue_value,
 )
 from nvfp4_ops.kernels.cute.ptx import (
@@ -230,11 +229,6 @@ class StreamConfig(GemmProblem):
     #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
     #: scales"); grouped pair-order problems with 512-k chunks or more (16-byte scale copies)
     mx: bool = False
-    #: the epilogue's operands (each row's global scale, each token's row scale, the bias) read
-    #: when an item starts, before its k loop, instead of after it (:meth:`W4A16StreamGemm.
-    #: epilogue_loads`): their memory latency then overlaps the loop instead of standing
-    #: between the loop and the stores
-    early_loads: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -336,7 +330,7 @@ class StreamConfig(GemmProblem):
             f"_wk{self.warps_k}_u{self.steps}_st{self.stages}"
             f"{f'_p{self.ctas}' if self.ctas else ''}{'_kp' if self.permuted else ''}"
             f"{'_pdl' if self.pdl else ''}{self.order_tag}{'_t2' if self.tma2d else ''}"
-            f"{'_mx' if self.mx else ''}{'_el' if self.early_loads else ''}_{self.arch}"
+            f"{'_mx' if self.mx else ''}_{self.arch}"
         )
 
 
@@ -542,10 +536,6 @@ class W4A16StreamGemm(DirectLaunch):
             real = Int32(cfg.block_m)
             if const_expr(cfg.grouped):
                 real = tile_rows[tile_m]
-            loaded = None
-            if const_expr(cfg.early_loads):
-                loaded = self.epilogue_loads(w_global, row_scale, bias, expert, row0, m0,
-                                             lane // 4, lane % 4, num_rows)
             acc.fill(0.0)
             self.consumer(acc, a, m0, real, warp, lane, num_rows, sbase, stage0, done)
             # deterministic split-K: consumers w > 0 park partial sums, w == 0 adds them in
@@ -566,7 +556,7 @@ class W4A16StreamGemm(DirectLaunch):
                     cute.arch.barrier(barrier_id=1, number_of_threads=32 * cfg.warps_k)
             if warp == 0:
                 self.epilogue(acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0,
-                              m0, lane // 4, lane % 4, num_rows, loaded)
+                              m0, lane // 4, lane % 4, num_rows)
 
     @cute.jit
     def producer(self, w, w_scale, expert, row0, lane, sbase, stage0, done):
@@ -751,32 +741,13 @@ class W4A16StreamGemm(DirectLaunch):
                     mma_m16n8k16(acc, base, dg[0], d8[0], dg[1], d8[1], b0, b1)
                     mma_m16n8k16(acc, base, dg[2], d8[2], dg[3], d8[3], b2, b3)
 
-    def epilogue_loads(self, w_global, row_scale, bias, expert, row0, m0, grp, quad, num_rows):
-        """``early_loads``: what :meth:`epilogue` reads from memory for this lane, indexed like
-        its fragments: ``[t][f]`` the operands of :func:`~nvfp4_ops.kernels.cute.
-        gemm_interface.epilogue_operands` for token ``8 t + 2 quad + (f % 2)`` and row ``g +
-        8 (f // 2)``. Tokens past the last row read the last row's scale (never stored).
-
-        Plain Python (inlined while tracing). Every consumer warp loads them (only warp 0
-        stores): a value assigned under a branch on the warp would have to exist before it.
-        """
-        cfg = self.cfg
-        # one load per row and per token (a fragment pair shares its row, a row pair its token)
-        rows = [epilogue_operands(cfg, w_global, expert, row0 + grp + 8 * h, 0, row_scale,
-                                  bias, token_part=False) for h in range(self.frags)]
-        tokens = [[epilogue_operands(cfg, w_global, expert, 0, cutlass.min(
-            m0 + t * 8 + quad * 2 + c, num_rows - 1), row_scale, bias, row_part=False)[2]
-            for c in range(2)] for t in range(self.num_tiles)]
-        return [[(rows[f // 2][0], rows[f // 2][1], tokens[t][f % 2], rows[f // 2][3])
-                 for f in range(2 * self.frags)] for t in range(self.num_tiles)]
-
     @cute.jit
     def epilogue(self, acc, out, w_global, row_scale, bias, swiglu_limit, expert, row0, m0,
-                 grp, quad, num_rows, loaded=None):
+                 grp, quad, num_rows):
         """C fragment f of column tile t: weight row g + 8 (f // 2), token 8 t + 2 c + (f % 2);
         the up half's fragments follow the gate half's. Pair order + ``swiglu``: feature ``row``
         is stored at column ``8 (row // 8) + pair_dst(row % 8)`` (``row % 8 == g``: ``row0``
-        is a multiple of 8). ``loaded``: :meth:`epilogue_loads` (``early_loads``) or None."""
+        is a multiple of 8)."""
         cfg = self.cfg
         unscale = Float32(128.0)  # the pair4 decoder feeds the MMA e2m1 * scale * 2^-7
         col_shift = 0
@@ -790,7 +761,7 @@ class W4A16StreamGemm(DirectLaunch):
                 if token < num_rows:
                     v = epilogue_value(cfg, acc, 4 * t + f, 4 * (self.num_tiles + t) + f,
                                        unscale, w_global, expert, row, token, row_scale, bias,
-                                       swiglu_limit, None if loaded is None else loaded[t][f])
+                                       swiglu_limit)
                     if const_expr(cfg.permuted and cfg.epilogue == "swiglu"):
                         out[token, row + col_shift] = v.to(BFloat16)
                     else:
