@@ -439,13 +439,32 @@ def bound_gemm(plan: GemmPlan, w: torch.Tensor, w_scale: torch.Tensor, w_global:
     if plan.streamk or plan.config.grouped:
         return functools.partial(_gemm_into, plan, w, w_scale, w_global, bias, swiglu_limit)
     unused = _unused(device)
-    tail = _operands_after_out(unused, None, None, None, bias, unused.i32, unused.f32,
-                               swiglu_limit)
+    weights = _kept_operands((w, w_scale, w_global), device)
+    tail = _kept_operands(_operands_after_out(unused, None, None, None, bias, unused.i32,
+                                              unused.f32, swiglu_limit), device)
 
     def gemm(a: torch.Tensor, out: torch.Tensor) -> None:
-        _binary(plan)(a, w, w_scale, w_global, out, *tail)
+        _binary(plan)(a, *weights, out, *tail)
 
     return gemm
+
+
+def _kept_operands(operands: tuple, device: torch.device) -> tuple:
+    """``operands`` of a kept launch that it passes unchanged on every call: on CUDA its
+    tensors as tvm-ffi tensors over the same memory, made once (other values as they are).
+
+    Why: tvm-ffi converts each torch tensor argument at every call (~0.04 µs each on a CPU
+    host, ``benchmarks/dev/host_path_cpu.py``: twelve torch tensors 1.00 µs, two torch and ten
+    tvm-ffi tensors 0.62). Safe: the binary launches on the current stream of the first CUDA
+    torch tensor among its arguments, and ``a`` (a torch tensor) comes first; the tvm-ffi
+    tensors hold their torch tensors (views of the weights' storage, as the launch already
+    did). On CPU (the tests' stand-in binaries, which compute with torch) nothing changes."""
+    if device.type != "cuda":
+        return operands
+    import tvm_ffi
+
+    return tuple(tvm_ffi.from_dlpack(t) if isinstance(t, torch.Tensor) else t
+                 for t in operands)
 
 
 def _gemm_into(plan, w, w_scale, w_global, bias, swiglu_limit, a, out) -> None:
