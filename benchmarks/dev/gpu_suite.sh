@@ -12,8 +12,9 @@
 #   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
 #             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call
 #   dense     the dense GPU tests: linear, wfrag, stream-K
-#   eager     bench_overhead.py eager in three fresh processes (JSON in $OUT)
-#   overhead  bench_overhead.py eager startup (JSON in $OUT)
+#   eager     bench_overhead.py eager in three fresh processes (overhead_eager_<gpu>.json in $OUT,
+#             <gpu> = h100 / h200 from nvidia-smi)
+#   overhead  bench_overhead.py eager startup (overhead_<gpu>.json in $OUT)
 #   flash     bench_moe.py --shapes v4-flash (NVFP4 and MXFP4, both routings, EP 1 and 8, --check)
 #   pro       the same for v4-pro
 #   tiles     moe_tiles.py: the whole op at every token tile, both shapes, EP 1, T = 512-16384,
@@ -57,6 +58,10 @@ tests() {  # tests NAME SECONDS FILE...
 }
 
 jobs=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+# the GPU's kind in result file names (h100 / h200), as benchmarks/results names them
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+      | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
+gpu=${gpu:-gpu}
 for part in "$@"; do
   start=$(date +%s)
   case "$part" in
@@ -82,11 +87,11 @@ for part in "$@"; do
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     eager)  # the eager half of overhead only
       timeout -s KILL 300 python3 benchmarks/bench_overhead.py eager --processes 3 \
-        --out "$out/overhead_eager_h200.json" >"$out/bench_overhead_eager.log" 2>&1
+        --out "$out/overhead_eager_$gpu.json" >"$out/bench_overhead_eager.log" 2>&1
       echo "== eager rc=$?"; tail -3 "$out/bench_overhead_eager.log" ;;
     overhead)
       timeout -s KILL 420 python3 benchmarks/bench_overhead.py eager startup --jobs "$jobs" \
-        --out "$out/overhead_h200.json" >"$out/bench_overhead.log" 2>&1
+        --out "$out/overhead_$gpu.json" >"$out/bench_overhead.log" 2>&1
       echo "== overhead rc=$?"; tail -12 "$out/bench_overhead.log" ;;
     flash|pro)
       shape=$([ "$part" = flash ] && echo v4-flash || echo v4-pro)
