@@ -103,20 +103,19 @@ def variant_plans(plan, args):
 
 def experts(num_experts: int, hidden: int, inter: int, mx: bool) -> list[torch.Tensor]:
     """Random experts on the GPU as ``moe_forward`` takes them (``w13, w13_scale, w13_global,
-    w2, w2_scale, w2_global``, codes in the ``wperm`` order): NVFP4, or (``mx``) MXFP4 with
-    the scales in the kernels' UE8M0 form and per-row global scales."""
+    w2, w2_scale, w2_global``), prepared as the glue prepares a layer's (codes in the ``wperm``
+    order): NVFP4 (:func:`nvfp4_ops.prepare_moe`), or (``mx``) MXFP4 with the scales in the
+    kernels' UE8M0 form and per-row global scales (:func:`nvfp4_ops.prepare_mxfp4_moe`)."""
     import nvfp4_ops
     from nvfp4_ops.testing import fast_random_experts, fast_random_mxfp4_experts
 
     if mx:
         m = fast_random_mxfp4_experts(num_experts, hidden, inter, device="cuda")
-        s13, g13 = nvfp4_ops.mxfp4_kernel_scales(m.w13, m.w13_scale)
-        s2, g2 = nvfp4_ops.mxfp4_kernel_scales(m.w2, m.w2_scale)
-        tensors = [m.w13, s13, g13, m.w2, s2, g2]
-    else:
-        tensors = list(fast_random_experts(num_experts, hidden, inter, device="cuda").args())
-    nvfp4_ops.to_wperm_(tensors[0])
-    nvfp4_ops.to_wperm_(tensors[3])
+        s13, g13, s2, g2, _ = nvfp4_ops.prepare_mxfp4_moe(m.w13, m.w13_scale, m.w2,
+                                                          m.w2_scale, wperm=True, native=True)
+        return [m.w13, s13, g13, m.w2, s2, g2]
+    tensors = list(fast_random_experts(num_experts, hidden, inter, device="cuda").args())
+    nvfp4_ops.prepare_moe(*tensors, wperm=True)
     return tensors
 
 
