@@ -9,12 +9,11 @@ token); expert-parallel slices ``--ep N`` (one rank of N: E/N local experts star
 
 * **ours**: ``nvfp4_ops.moe`` (routing, gather, both grouped GEMMs, combine: the whole op),
   with weights as the vLLM glue prepares them: codes in the ``wperm`` bit order
-  (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: the UE8M0
-  scales rebased once by ``nvfp4_ops.mxfp4_kernel_scales`` (read by the kernels' ``mx``
-  variants, where the glue keeps them: ``nvfp4_ops.prepare.keeps_mxfp4_scales``), or with
-  ``NVFP4_OPS_MXFP4_SCALES=convert`` converted by ``nvfp4_ops.mxfp4_to_nvfp4`` (codes
-  unchanged), and per-row global scales (``w13_global [E, 2I]``, ``w2_global
-  [E, H]``).
+  (:func:`nvfp4_ops.to_wperm_`) where ``dispatch.moe_wperm_supported(H, I)``. MXFP4: prepared
+  by ``nvfp4_ops.prepare_mxfp4_moe`` as the glue prepares them: the UE8M0 scales kept in the
+  kernels' form with one global scale per expert half (read by the kernels' ``mx`` variants,
+  where ``nvfp4_ops.prepare.keeps_mxfp4_scales``), or with ``NVFP4_OPS_MXFP4_SCALES=convert``
+  converted to NVFP4 scales with one global scale per row (codes unchanged).
 * **Humming** (``humming-kernels`` 0.1.19, what vLLM 0.33 pins and tries first on SM90 for
   NVFP4 and MXFP4 MoE): weights converted as vLLM converts ModelOpt-NVFP4 / MXFP4 expert
   parameters, the MoE run as vLLM's Humming experts run it: the ``indexed`` GEMMs without
@@ -589,16 +588,15 @@ class GPUBench:
             from nvfp4_ops.prepare import keeps_mxfp4_scales
 
             native = keeps_mxfp4_scales(h, i, cuda=True)
-            name = "mxfp4_kernel_scales" if native else "mxfp4_to_nvfp4"
-            convert = getattr(nvfp4_ops, name, None)
-            if convert is None:
-                return {}, f"nvfp4_ops.{name} is not in this tree"
             form = (", UE8M0 scales read natively" if native
                     else ", scales converted to NVFP4's")
-            for base in bases:  # once per tensor, before the codes are permuted
-                for name in ("w13", "w2"):
-                    bs, gs = convert(base[name], base.pop(f"{name}_scale"), name=name)
-                    base[f"{name}_scale"], base[f"{name}_global"] = bs, gs
+            for base in bases:  # as the glue prepares them; the codes are permuted below
+                s13, g13, s2, g2, _ = nvfp4_ops.prepare_mxfp4_moe(
+                    base["w13"], base.pop("w13_scale"), base["w2"], base.pop("w2_scale"),
+                    wperm=False, native=native)
+                base.update(w13_scale=s13, w13_global=g13, w2_scale=s2, w2_global=g2)
+            form += (", one global scale per expert half" if bases[0]["w2_global"].dim() == 1
+                     else ", one global scale per row")
             if 1 in slices:
                 views = {ep: _expert_views(bases[0], s, n) for ep, (s, n) in slices.items()}
             else:
@@ -619,13 +617,13 @@ class GPUBench:
                                      wperm=wperm)
 
             out[ep] = (call, t, wperm)
-        if fmt == "mxfp4":  # per-row global scales: does this tree's op take them?
+        if fmt == "mxfp4":  # does this tree's op take the form its preparation made?
             hidden, ids, weights, _ = self.inputs(shape, "uniform", 1)
             try:
                 next(iter(out.values()))[0](hidden, ids, weights)
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001
-                return {}, (f"nvfp4.moe refused per-row global scales: {type(exc).__name__}: "
+                return {}, (f"nvfp4.moe refused the prepared MXFP4 form: {type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}")
         log(f"{shape.name} {fmt}: ours ready (codes in the {'wperm' if wperm else 'checkpoint'} "
             f"bit order{form})")

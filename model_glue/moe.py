@@ -33,26 +33,29 @@ parameter              dtype              shape             after process_weight
 ``w13_weight``         ``uint8``          ``[E, 2I, H/2]``  kept: gate rows, then up rows [*]
 ``w13_weight_scale``   ``uint8`` (e8m0)   ``[E, 2I, H/32]`` -> ``float8_e8m0fnu [E, 2I, H/32]``
                                                             (CPU: ``float8_e4m3fn [E, 2I, H/16]``)
-(new)                                                       ``w13_weight_global f32 [E, 2I]``
+(new)                                                       ``w13_weight_global f32 [E, 2]``
+                                                            (or ``[E, 2I]``: one per row)
 ``w2_weight``          ``uint8``          ``[E, H, I/2]``   kept [*]
 ``w2_weight_scale``    ``uint8`` (e8m0)   ``[E, H, I/32]``  -> ``float8_e8m0fnu [E, H, I/32]``
                                                             (CPU: ``float8_e4m3fn [E, H, I/16]``)
-(new)                                                       ``w2_weight_global f32 [E, H]``
+(new)                                                       ``w2_weight_global f32 [E]``
+                                                            (or ``[E, H]``: one per row)
 =====================  =================  ================  ===============================
 
 MXFP4 codes are NVFP4 codes, so they stay where the loader put them. On CUDA, at the sizes the
 MoE kernels read MXFP4 scales at (``nvfp4_ops.prepare.moe_mx_supported``: V4-Flash and V4-Pro),
 the scales stay one UE8M0 byte per 32 k, rebased per row by ``nvfp4::mxfp4_kernel_scales``
-(``float8_e8m0fnu`` of the same shape plus one power-of-two global scale per row), which the
-kernels read as they are. Elsewhere (and with ``NVFP4_OPS_MXFP4_SCALES=convert``) they are
-converted by ``nvfp4::mxfp4_to_nvfp4`` (the same per-row global scales, e4m3 power-of-two block
-scales per 16). Both are **exact** (the dequantized weights are bitwise the MXFP4 ones) and
-free the e8m0 tensors; the two forms give bitwise the same output. A row whose non-zero blocks
-span more than 126 binades (converted: 18) cannot be held and stops loading with an error
-naming the layer, the tensor, the row and the block. The e8m0 scales start as 0xFF (the UE8M0
-NaN code), so a scale the checkpoint never provided fails the conversion loudly instead of
-running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps vLLM's own
-``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
+(``float8_e8m0fnu`` of the same shape plus one power-of-two global scale per row), then to one
+global scale per expert half where the kernels' window holds the half (every real checkpoint;
+``nvfp4_ops.format.mxfp4_group_globals``), which the kernels read as they are. Elsewhere (and
+with ``NVFP4_OPS_MXFP4_SCALES=convert``) they are converted by ``nvfp4::mxfp4_to_nvfp4``
+(per-row global scales, e4m3 power-of-two block scales per 16). Both are **exact** (the
+dequantized weights are bitwise the MXFP4 ones) and free the e8m0 tensors; the two forms give
+bitwise the same output. A row whose non-zero blocks span more than 126 binades (converted: 18)
+cannot be held and stops loading with an error naming the layer, the tensor, the row and the
+block. The e8m0 scales start as 0xFF (the UE8M0 NaN code), so a scale the checkpoint never
+provided fails the conversion loudly instead of running on zeros. ``NVFP4_OPS_MXFP4=0`` keeps
+vLLM's own ``Mxfp4MoEMethod`` for these layers (:mod:`model_glue.configs`).
 
 [*] On CUDA, where the MoE kernels read it (``nvfp4_ops.prepare.moe_wperm_supported``: V4-Flash
 and V4-Pro sizes), the codes of ``w13_weight`` / ``w2_weight`` are then permuted **in place**
@@ -308,7 +311,7 @@ class Mxfp4OpsFusedMoE(_OpsFusedMoE, FusedMoEMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         """Rebase the e8m0 scales into the kernels' UE8M0 form (or convert them to NVFP4
-        block scales: :func:`nvfp4_ops.prepare_mxfp4_moe`) plus per-row global scales (exact;
+        block scales: :func:`nvfp4_ops.prepare_mxfp4_moe`) plus their global scales (exact;
         the checkpoint's e8m0 tensors are freed), then prepare the codes as the NVFP4 method
         does.
 

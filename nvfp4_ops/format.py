@@ -88,6 +88,8 @@ with the rule of the conversion above (``global = 2^max(e_max - 8, -126)``), whi
 whose non-zero blocks span at most 127 binades allows; the weights are then bitwise those of
 the checkpoint, and the bf16 values the tensor cores see equal the converted form's. In this
 form ``decode`` and ``dequantize`` take ``float8_e8m0fnu [..., K/32]`` scales.
+:func:`mxfp4_group_globals` then shares one global scale among a group of rows (a MoE expert's
+gate or up half) wherever the window still holds every row of the group.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ __all__ = [
     "mxfp4_to_nvfp4",
     "MXFP4_KERNEL_SCALE_BYTES",
     "mxfp4_kernel_scales",
+    "mxfp4_group_globals",
 ]
 
 BLOCK_SIZE = 16
@@ -644,3 +647,63 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         idx.append(flat % size)
         flat //= size
     return tuple(reversed(idx))
+
+
+def mxfp4_group_globals(packed: torch.Tensor, kernel_scale: torch.Tensor,
+                        global_scale: torch.Tensor, groups: int
+                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The kernels' MXFP4 form (:func:`mxfp4_kernel_scales`) with one global scale per group of
+    consecutive rows instead of one per row, exactly, or None where a group does not fit.
+
+    The rows of ``[..., R, K/2]`` split into ``groups`` runs of ``R / groups`` (a MoE's w13: 2,
+    gate and up; w2: 1). A group's global is the largest of its rows' ``2^j`` (rows of only
+    +-0 codes left out; a group of only such rows: 1.0), and each block byte of a row drops
+    by the row's distance ``j_group - j_row`` (blocks of only +-0 codes: 127), so every weight
+    keeps its value bitwise. Why: the kernels read a row's global scale when its outputs are
+    stored; one per group is one address per CTA instead of one per row.
+
+    Args:
+        packed: ``uint8 [..., R, K/2]`` codes (read to find all-zero blocks).
+        kernel_scale, global_scale: ``float8_e8m0fnu [..., R, K/32]`` and ``float32 [..., R]``,
+            as :func:`mxfp4_kernel_scales` returns them.
+        groups: divides ``R``.
+
+    Returns:
+        ``(kernel_scale float8_e8m0fnu [..., R, K/32], global_scale float32 [..., groups])``,
+        or None when a non-zero block would fall below :data:`MXFP4_KERNEL_SCALE_BYTES` (the
+        per-row form then stays). A load-time step (one host sync per chunk of rows).
+
+    Raises:
+        ValueError: shapes that do not match, or ``groups`` not dividing ``R``.
+    """
+    rows_shape = tuple(packed.shape[:-1])
+    if (packed.dim() < 2 or tuple(kernel_scale.shape[:-1]) != rows_shape
+            or tuple(global_scale.shape) != rows_shape or groups < 1
+            or rows_shape[-1] % groups):
+        raise ValueError(
+            f"mxfp4_group_globals: need packed [..., R, K/2], kernel_scale [..., R, K/32], "
+            f"global_scale [..., R] and groups dividing R, got {tuple(packed.shape)}, "
+            f"{tuple(kernel_scale.shape)}, {tuple(global_scale.shape)}, groups={groups}")
+    num_rows, num_blocks = math.prod(rows_shape), kernel_scale.shape[-1]
+    codes = packed.reshape(num_rows, packed.shape[-1])
+    sbytes = as_ue8m0_bytes(kernel_scale).reshape(num_rows, num_blocks)
+    step = max(1, _CONVERT_CHUNK_BLOCKS // max(num_blocks, 1))
+    nz_rows = torch.zeros(num_rows, dtype=torch.bool, device=packed.device)
+    for r0 in range(0, num_rows if num_blocks else 0, step):
+        nz_rows[r0:r0 + step] = _nonzero_blocks(codes[r0:r0 + step], num_blocks).any(dim=-1)
+    j_row = (global_scale.reshape(num_rows).view(torch.int32) >> 23) - UE8M0_BIAS
+    j_row = torch.where(nz_rows, j_row, torch.full_like(j_row, -1000))
+    j_group = j_row.view(-1, groups, rows_shape[-1] // groups).amax(dim=-1)
+    j_group = torch.where(j_group > -1000, j_group, torch.zeros_like(j_group))
+    shift = (j_group.unsqueeze(-1) - j_row.view(-1, groups, rows_shape[-1] // groups))
+    shift = shift.reshape(num_rows).clamp(min=0).to(torch.int16)
+    out = torch.empty_like(sbytes)
+    lowest = MXFP4_KERNEL_SCALE_BYTES[0]
+    for r0 in range(0, num_rows if num_blocks else 0, step):
+        s = sbytes[r0:r0 + step].to(torch.int16) - shift[r0:r0 + step].unsqueeze(-1)
+        nz = _nonzero_blocks(codes[r0:r0 + step], num_blocks)
+        if bool((nz & (s < lowest)).any()):
+            return None
+        out[r0:r0 + step] = torch.where(nz, s, torch.full_like(s, UE8M0_BIAS)).to(torch.uint8)
+    return (out.view(torch.float8_e8m0fnu).reshape(kernel_scale.shape),
+            _global_of(j_group).reshape(*rows_shape[:-1], groups))

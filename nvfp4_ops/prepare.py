@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from nvfp4_ops import _env
+from nvfp4_ops import format as fmt
 from nvfp4_ops._validate import NVFP4InputError, check_linear_weights, check_moe_weights
 from nvfp4_ops.ops.mxfp4 import mxfp4_kernel_scales, mxfp4_to_nvfp4
 from nvfp4_ops.ops.wfrag import to_wfrag_
@@ -164,9 +165,11 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
     """Prepare one MoE layer's MXFP4 experts (e2m1 codes, one UE8M0 scale per 32 k) for
     :func:`nvfp4_ops.moe`, exactly: the scales kept one UE8M0 byte per 32 k in the form the
     MoE kernels read as they are (``native``, :func:`nvfp4_ops.mxfp4_kernel_scales`: 6 % fewer
-    bytes per weight) or converted to NVFP4's (e4m3 per 16 k, :func:`nvfp4_ops.mxfp4_to_nvfp4`);
-    either way with one fp32 global scale per row. The codes are NVFP4's already and stay in
-    place. Then :func:`prepare_moe`.
+    bytes per weight) or converted to NVFP4's (e4m3 per 16 k, :func:`nvfp4_ops.mxfp4_to_nvfp4`),
+    with one fp32 global scale per row; the native form then takes one per expert half where
+    the kernels' window holds the half (:func:`nvfp4_ops.format.mxfp4_group_globals`: every real
+    checkpoint), which the kernels read once per CTA instead of once per row. The codes are
+    NVFP4's already and stay in place. Then :func:`prepare_moe`.
 
     Args:
         w13: ``uint8 [E, 2I, H/2]``; w13_scale: UE8M0 bytes (``uint8`` or
@@ -181,7 +184,8 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
             the parameter names of the caller's module.
 
     Returns:
-        ``(w13_scale, w13_global f32 [E, 2I], w2_scale, w2_global f32 [E, H], wperm)``: the
+        ``(w13_scale, w13_global f32 [E, 2I], w2_scale, w2_global f32 [E, H], wperm)`` (native
+        and grouped: ``w13_global [E, 2]``, ``w2_global [E]``): the
         op's scale arguments (e4m3 ``[E, 2I, H/16]`` / ``[E, H, I/16]``, or ``native``
         ``float8_e8m0fnu [E, 2I, H/32]`` / ``[E, H, I/32]``) and its ``wperm=`` flag. The
         caller frees the checkpoint's UE8M0 tensors.
@@ -204,5 +208,11 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
     rescale = mxfp4_kernel_scales if native else mxfp4_to_nvfp4
     s13, g13 = rescale(w13, w13_scale, name=f"{where}: {names[0]}")
     s2, g2 = rescale(w2, w2_scale, name=f"{where}: {names[1]}")
+    if native and shaped:
+        # one global scale per expert half where the kernels' window holds the half
+        s13, g13 = fmt.mxfp4_group_globals(w13, s13, g13, 2) or (s13, g13)
+        grouped = fmt.mxfp4_group_globals(w2, s2, g2, 1)
+        if grouped is not None:
+            s2, g2 = grouped[0], grouped[1].squeeze(-1)
     flag = prepare_moe(w13, s13, g13, w2, s2, g2, wperm=wperm, where=where)
     return s13, g13, s2, g2, flag

@@ -377,17 +377,28 @@ def test_native_expert_parallel_slice(pro, num_tokens):
     assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
 
 
+def _assert_grouped_form(mx: Mxfp4Experts, s13, g13, s2, g2) -> None:
+    """The prepared native form is the per-row rebase (bitwise the CPU's, tested above) with
+    one global scale per expert half (``format.mxfp4_group_globals``)."""
+    want13 = fmt.mxfp4_group_globals(mx.w13, mx.n13, mx.g13, 2)
+    want2 = fmt.mxfp4_group_globals(mx.w2, mx.n2, mx.g2, 1)
+    assert want13 is not None and want2 is not None
+    assert torch.equal(s13.view(torch.uint8), want13[0].view(torch.uint8))
+    assert torch.equal(s2.view(torch.uint8), want2[0].view(torch.uint8))
+    assert torch.equal(g13, want13[1]) and torch.equal(g2, want2[1].squeeze(-1))
+
+
 def test_prepare_native_on_cuda(flash):
     """``prepare_mxfp4_moe(native=True)`` on CUDA tensors (what the glue does with
-    ``NVFP4_OPS_MXFP4_SCALES=native``): the kernels' UE8M0 form (bitwise the CPU rebase), the
-    codes permuted in place, and bitwise the converted form's MoE output; sizes whose kernels
+    ``NVFP4_OPS_MXFP4_SCALES=native``): the kernels' UE8M0 form (bitwise the CPU rebase) with
+    one global scale per expert half, the codes permuted in place, and bitwise the converted
+    form's MoE output; sizes whose kernels
     cannot read MXFP4 scales are refused before anything is modified."""
     w13, w2 = flash.w13.clone(), flash.w2.clone()
     s13, g13, s2, g2, wperm = nvfp4_ops.prepare_mxfp4_moe(w13, flash.s13, w2, flash.s2,
                                                           native=True, where="layer 3")
     assert wperm and s13.dtype == torch.float8_e8m0fnu
-    assert torch.equal(s13.view(torch.uint8), flash.n13.view(torch.uint8))
-    assert torch.equal(g13, flash.g13) and torch.equal(g2, flash.g2)
+    _assert_grouped_form(flash, s13, g13, s2, g2)
     assert not torch.equal(w13, flash.w13)  # permuted in place
     torch.manual_seed(95)
     hidden = _hidden(37, FLASH.hidden)
@@ -414,7 +425,7 @@ def test_prepare_auto_on_cuda(flash, monkeypatch):
     w13, w2 = flash.w13.clone(), flash.w2.clone()
     s13, g13, s2, g2, wperm = nvfp4_ops.prepare_mxfp4_moe(w13, flash.s13, w2, flash.s2)
     assert wperm and s13.dtype == s2.dtype == torch.float8_e8m0fnu
-    assert torch.equal(s13.view(torch.uint8), flash.n13.view(torch.uint8))
+    _assert_grouped_form(flash, s13, g13, s2, g2)
     codes = torch.full((2, 256, 128), 0x21, dtype=torch.uint8, device="cuda")  # H = 256, I = 128
     down = torch.full((2, 256, 64), 0x21, dtype=torch.uint8, device="cuda")
     scale13 = torch.full((2, 256, 8), 127, dtype=torch.uint8, device="cuda")

@@ -105,6 +105,63 @@ def test_rebase_refuses_a_row_beyond_127_binades_and_nan():
         nvfp4_ops.mxfp4_kernel_scales(packed, scale)
 
 
+def _group_exact(packed, scale, grouped, groups):
+    kernel_scale, glob = grouped
+    rows = packed.shape[-2]
+    assert glob.dtype == torch.float32 and glob.shape == (*packed.shape[:-2], groups)
+    b = kernel_scale.view(torch.uint8)
+    assert int(b.min()) >= LO and int(b.max()) <= HI
+    per_row = glob.repeat_interleave(rows // groups, dim=-1)
+    got = fmt.dequantize(packed, kernel_scale, per_row)
+    assert torch.equal(got, fmt.mxfp4_dequantize(packed, scale))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_group_globals_exact(groups):
+    """One global scale per group of rows (a MoE's expert halves): the row tops spread over
+    100 binades, each row 18: the group's bytes drop by each row's distance, bitwise the same
+    weights; chunked the same as whole."""
+    gen = torch.Generator().manual_seed(11)
+    packed, scale = spread_mxfp4((3, 16, 512), gen, row_lo=-50, row_hi=50, span=18)
+    kernel_scale, glob = fmt.mxfp4_kernel_scales(packed, scale)
+    grouped = fmt.mxfp4_group_globals(packed, kernel_scale, glob, groups)
+    _group_exact(packed, scale, grouped, groups)
+    # the group takes its largest row's global
+    want = glob.view(3, groups, -1).amax(dim=-1)
+    assert torch.equal(grouped[1], want)
+
+
+def test_group_globals_chunks_zero_rows_and_refusal(monkeypatch):
+    gen = torch.Generator().manual_seed(12)
+    packed, scale = spread_mxfp4((2, 8, 256), gen, row_lo=-10, row_hi=10)
+    packed[0, 1] = 0  # a row of zeros (global 1.0) does not set its group's global
+    scale[0, 1] = 0xFE
+    packed[1, 3, 16:32] &= 0x88  # a block of +-0 codes: byte 127, whatever its shift
+    kernel_scale, glob = fmt.mxfp4_kernel_scales(packed, scale)
+    whole = fmt.mxfp4_group_globals(packed, kernel_scale, glob, 2)
+    _group_exact(packed, scale, whole, 2)
+    assert whole[1][0, 0] == glob[0, [0, 2, 3]].max()
+    assert whole[0].view(torch.uint8)[1, 3, 1] == 127
+    monkeypatch.setattr(fmt, "_CONVERT_CHUNK_BLOCKS", 16)
+    chunked = fmt.mxfp4_group_globals(packed, kernel_scale, glob, 2)
+    assert torch.equal(whole[0].view(torch.uint8), chunked[0].view(torch.uint8))
+    assert torch.equal(whole[1], chunked[1])
+    packed[0] = 0  # a group of only zero rows: global 1.0
+    scale[0] = 0x7F
+    kernel_scale, glob = fmt.mxfp4_kernel_scales(packed, scale)
+    zero = fmt.mxfp4_group_globals(packed, kernel_scale, glob, 1)
+    _group_exact(packed, scale, zero, 1)
+    assert zero[1][0, 0] == 1.0
+    # rows whose tops lie 128 binades apart: a shared global would push the lower row's
+    # blocks out of the window, so the per-row form stays
+    packed, scale = spread_mxfp4((1, 2, 256), gen, row_lo=60, row_hi=61, span=10)
+    scale[0, 1] -= 128
+    kernel_scale, glob = fmt.mxfp4_kernel_scales(packed, scale)
+    assert fmt.mxfp4_group_globals(packed, kernel_scale, glob, 1) is None
+    with pytest.raises(ValueError, match="groups dividing R"):
+        fmt.mxfp4_group_globals(packed, kernel_scale, glob, 3)
+
+
 def test_rebase_op_fake_and_meta_errors():
     with FakeTensorMode():
         w = torch.empty(384, 6144, 3584, dtype=torch.uint8)  # V4-Pro w13, never allocated
@@ -247,6 +304,7 @@ def test_prepare_native_and_the_switch(monkeypatch):
     s13_in, s2_in = s13.clone(), s2.clone()
     out = nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2, native=True)
     assert out[0].dtype == E8M0 and out[0].shape == s13.shape and out[4] is False
+    assert out[1].shape == (2, 2) and out[3].shape == (2,)  # one global per expert half
     assert torch.equal(s13, s13_in) and torch.equal(s2, s2_in)  # the inputs are not modified
     monkeypatch.setenv("NVFP4_OPS_MXFP4_SCALES", " Native ")
     assert nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)[2].dtype == E8M0

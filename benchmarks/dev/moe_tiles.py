@@ -21,7 +21,9 @@ plan both ways (``op flex`` / ``op whole``: the A/B of ``WgmmaConfig.flex``).
 them, or only those also matching ``@KEY=V``), between two runs of the plan itself, outputs
 checked bitwise, e.g. ``--op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_wgs=2"
 stages=3@epilogue=swiglu``. ``--format mxfp4``: MXFP4 experts (the kernels' UE8M0
-scales, per-row global scales) instead of NVFP4.
+scales and global scales as :func:`nvfp4_ops.prepare_mxfp4_moe` makes them) instead of NVFP4;
+with ``--mx-other-globals`` the op's plan is also timed with the same global scales in the
+other form (one per row <-> one per expert half), outputs checked bitwise.
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
@@ -119,6 +121,22 @@ def experts(num_experts: int, hidden: int, inter: int, mx: bool) -> list[torch.T
     return tensors
 
 
+def other_globals(w: list[torch.Tensor]) -> tuple[str, list[torch.Tensor]]:
+    """``w`` (as :func:`experts` returns it, MXFP4) with its global scales in the other form,
+    the same values: one per row (``w13_global [E, 2I]``, ``w2_global [E, H]``) if they are
+    one per expert half, else one per expert half (refused when rows differ). Returns the
+    form's name and the tensors."""
+    w13, s13, g13, w2, s2, g2 = w
+    inter, hidden = w13.shape[1] // 2, w2.shape[1]
+    if g13.shape[-1] == 2 and g2.dim() == 1:  # per half -> per row
+        rows13 = g13.unsqueeze(-1).expand(-1, 2, inter).reshape(-1, 2 * inter).contiguous()
+        return "row", [w13, s13, rows13, w2, s2, g2.unsqueeze(-1).expand(-1, hidden).contiguous()]
+    halves = g13.reshape(g13.shape[0], 2, -1)
+    if not (bool((halves == halves[:, :, :1]).all()) and bool((g2 == g2[:, :1]).all())):
+        raise SystemExit("--mx-other-globals: the experts' rows have different global scales")
+    return "half", [w13, s13, halves[:, :, 0].contiguous(), w2, s2, g2[:, 0].contiguous()]
+
+
 def with_fields(plan, groups: list[tuple[dict, dict]]):
     """``plan`` with each group's ``(fields, where)`` applied in order
     (:func:`nvfp4_ops.testing.with_config_fields`)."""
@@ -214,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", choices=("nvfp4", "mxfp4"), default="nvfp4",
                    help="the experts' format: NVFP4, or MXFP4 with its UE8M0 scales in the "
                         "kernels' form (nvfp4_ops.mxfp4_kernel_scales: per-row global scales)")
+    p.add_argument("--mx-other-globals", action="store_true",
+                   help="MXFP4: also time the op's plan with the global scales in the other "
+                        "form (per row <-> per expert half, the same values)")
     p.add_argument("--jobs", type=int, default=1,
                    help="compile the configs the run needs in this many processes first")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
@@ -266,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         for ep in args.ep:
             start, local = ep_slice(e, ep)
             w = [t[start:start + local] for t in full]
+            form, w_other = other_globals(w) if mx and args.mx_other_globals else (None, None)
             for num_tokens in args.tokens:
                 for routing, seed in [(r, sd) for r in args.routing for sd in args.seeds]:
                     label = routing if args.seeds == [1] else f"{routing}/{seed}"
@@ -306,6 +328,16 @@ def main(argv: list[str] | None = None) -> int:
                             again = time_one_call(call, args.reps, flush)
                             print(f"    op +{variant}: {v_us:8.1f} us, plan again {again:8.1f} "
                                   f"({v_us / (0.5 * (op_us[fx] + again)):.3f})"
+                                  f"{f' DIFF {diff}' if diff else ''}", flush=True)
+                        if w_other is not None:
+                            hcall = functools.partial(moe_cuda.moe_forward, hidden, ids,
+                                                      weights, *w_other, start, s.swiglu_limit,
+                                                      1.0, plan=op)
+                            diff = int((hcall() != call()).sum())
+                            v_us = time_one_call(hcall, args.reps, flush)
+                            again = time_one_call(call, args.reps, flush)
+                            print(f"    op {form} globals: {v_us:8.1f} us, plan again "
+                                  f"{again:8.1f} ({v_us / (0.5 * (op_us[fx] + again)):.3f})"
                                   f"{f' DIFF {diff}' if diff else ''}", flush=True)
                     cells = {}
                     seen = set()

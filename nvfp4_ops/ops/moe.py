@@ -158,8 +158,8 @@ def moe(
             w2_global: ``float32 [E]``, or ``[E, H]``: one per row.
             **MXFP4** (DeepSeek's own checkpoints): ``w13_scale`` / ``w2_scale`` as
             ``float8_e8m0fnu [E, 2I, H/32]`` / ``[E, H, I/32]``, one UE8M0 scale per 32 k
-            in the kernels' form (bytes in ``[9, 135]``, with per-row global scales:
-            :func:`nvfp4_ops.mxfp4_kernel_scales`), read by the GPU kernels as they are
+            in the kernels' form (bytes in ``[9, 135]``, with per-row or per-expert-half global
+            scales: :func:`nvfp4_ops.prepare_mxfp4_moe`), read by the GPU kernels as they are
             (:func:`nvfp4_ops.prepare.moe_mx_supported`; V4-Flash and V4-Pro:
             yes). The codes are the same.
         expert_start: the first global id this rank owns, ``>= 0``.
