@@ -318,6 +318,27 @@ def test_prepare_native_and_the_switch(monkeypatch):
         nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2)
 
 
+def test_prepare_native_groups_each_tensor_where_it_fits():
+    """``prepare_mxfp4_moe(native=True)`` gives one global scale per expert half where the
+    window holds each half, and keeps one per row for a tensor where it does not (here w13:
+    one up row's top is 2^127, at least 125 binades above the rest of its half, whose rows
+    each span 10), each tensor on its own; the op's output is bitwise the same for either
+    form."""
+    w13, s13, w2, s2 = _experts(2, 256, 128, 21, span=10)
+    row = s13[1, 200].int()
+    s13[1, 200] = (row - row.max() + 254).to(torch.uint8)  # expert 1, an up row
+    n13, g13, n2, g2, _ = nvfp4_ops.prepare_mxfp4_moe(w13, s13, w2, s2, native=True)
+    assert g13.shape == (2, 256) and g2.shape == (2,)
+    _check_exact(w13, s13, n13, g13)
+    _group_exact(w2, s2, (n2, g2.unsqueeze(-1)), 1)
+    hidden = torch.randn(5, 256).to(torch.bfloat16)
+    ids, weights = random_routing(5, 2, 2, device="cpu")
+    row_form = [*nvfp4_ops.mxfp4_kernel_scales(w2, s2)]
+    got = nvfp4_ops.moe(hidden, ids, weights, w13, n13, g13, w2, n2, g2, swiglu_limit=7.0)
+    want = nvfp4_ops.moe(hidden, ids, weights, w13, n13, g13, w2, *row_form, swiglu_limit=7.0)
+    assert torch.equal(got, want)
+
+
 def test_keeps_mxfp4_scales_is_the_one_rule(monkeypatch):
     """auto (the default): native on CUDA at the sizes the ``mx`` kernels read, converted on the
     CPU and at other sizes; the switch and an explicit ``native`` override it."""
