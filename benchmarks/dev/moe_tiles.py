@@ -107,7 +107,8 @@ def experts(num_experts: int, hidden: int, inter: int, mx: bool) -> list[torch.T
     """Random experts on the GPU as ``moe_forward`` takes them (``w13, w13_scale, w13_global,
     w2, w2_scale, w2_global``), prepared as the glue prepares a layer's (codes in the ``wperm``
     order): NVFP4 (:func:`nvfp4_ops.prepare_moe`), or (``mx``) MXFP4 with the scales in the
-    kernels' UE8M0 form and per-row global scales (:func:`nvfp4_ops.prepare_mxfp4_moe`)."""
+    kernels' UE8M0 form and one global scale per expert half
+    (:func:`nvfp4_ops.prepare_mxfp4_moe`)."""
     import nvfp4_ops
     from nvfp4_ops.testing import fast_random_experts, fast_random_mxfp4_experts
 
@@ -231,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         "argument; outputs checked bitwise)")
     p.add_argument("--format", choices=("nvfp4", "mxfp4"), default="nvfp4",
                    help="the experts' format: NVFP4, or MXFP4 with its UE8M0 scales in the "
-                        "kernels' form (nvfp4_ops.mxfp4_kernel_scales: per-row global scales)")
+                        "kernels' form, prepared as the glue prepares them "
+                        "(nvfp4_ops.prepare_mxfp4_moe)")
     p.add_argument("--mx-other-globals", action="store_true",
                    help="MXFP4: also time the op's plan with the global scales in the other "
                         "form (per row <-> per expert half, the same values)")
