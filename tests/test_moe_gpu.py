@@ -286,6 +286,40 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
         "the unrolled k loop differs from the rolled one"
 
 
+@pytest.mark.parametrize("shape_name,ep,num_tokens", [
+    ("v4-flash", 1, 1), ("v4-flash", 1, 8), ("v4-flash", 8, 1), ("v4-pro", 1, 37),
+    ("v4-pro", 8, 128)])
+def test_tma2d_decode_tiles_equal_bulk_copies(shape_name, ep, num_tokens):
+    """The streamed decode tiles filling their stages with TMA tensor copies
+    (``StreamConfig.tma2d``: one box per operand and 16-row set, one tensor map over every
+    local expert's rows) give the reference's output and bitwise that of the same plan with
+    per-row bulk copies: persistent gate/up CTAs at T = 1, one-item CTAs above, the down
+    GEMM's four-warp tile of an EP 8 rank at T = 1, global ids on other ranks' experts."""
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import ep_slice, fast_random_experts, with_config_fields
+
+    shape = nvfp4_ops.get_shape(shape_name)
+    start, local = ep_slice(shape.experts, ep)
+    experts = fast_random_experts(local, shape.hidden, shape.intermediate, device="cuda",
+                                  first_expert=start, seed=5)
+    ids, weights = make_routing("uniform", num_tokens, shape.experts, shape.top_k, seed=4)
+    if ep > 1:  # the first token on this rank's experts, so every cell has local rows
+        ids[0] = torch.arange(start, start + shape.top_k, dtype=ids.dtype)
+    ids, weights = ids.cuda(), weights.cuda()
+    hidden = _hidden(num_tokens, shape.hidden)
+    plan = dispatch.plan_moe(num_tokens, shape.top_k, local, shape.hidden, shape.intermediate,
+                             global_num_experts=shape.experts)
+    assert plan.block_m == 8 and plan.gate_up.family == plan.down.family == "stream", plan
+    assert plan.gate_up.config.tma2d and not plan.down.config.tma2d  # the dispatch's choice
+    t2 = with_config_fields(plan, {"tma2d": True})
+    bulk = with_config_fields(plan, {"tma2d": False})
+    got = _forward(shape, experts, hidden, ids, weights, t2, start)
+    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"{shape_name} ep{ep} T={num_tokens} tma2d")
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, bulk, start)), \
+        "TMA tensor copies differ from per-row bulk copies"
+
+
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
     """One graph at a size with a hot tile, replayed with routings that use no hot expert,
     some, and only hot experts: every replay equals the eager call and the reference."""

@@ -35,7 +35,8 @@ tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fie
                        unrolled from :data:`GROUPED_UNROLL_MIN_WEIGHTS`; MoE decode,
                        at most :data:`PERSIST_MAX_TILES` token tiles: persistent gate/up CTAs,
                        and a down GEMM on 4 warps where the rank expects at most
-                       :data:`FEW_ROWS_SLOTS` slots).
+                       :data:`FEW_ROWS_SLOTS` slots); the MoE's streamed gate/up tiles fill
+                       their stages with TMA tensor copies (not MXFP4's persistent one).
 =====================  ===========================================================================
 
 Nothing here reads a device: the SM count is the constant :data:`NUM_SMS` (H100/H200 SXM), so
@@ -582,10 +583,15 @@ def _wfrag_small_fields(n, k, block_m, epilogue, has_bias, grouped, family) -> d
     return dict(row_wgs=1, split_k=1, stages=6)
 
 
-def _tma2d(fields: dict, n, k, epilogue, grouped) -> bool:
-    """Whether a dense streamed tile fills its stages with two TMA tensor copies: when each
-    CTA streams >= :data:`TMA2D_MIN_CHUNKS` K chunks or all CTAs fit one per SM."""
-    if grouped or epilogue != "none" or fields["ctas"] or fields["warps_k"] % 2:
+def _tma2d(fields: dict, n, k, epilogue, grouped, mx) -> bool:
+    """Whether a streamed tile fills its stages with TMA tensor copies
+    (``StreamConfig.tma2d``). Grouped: the MoE's gate/up (SwiGLU) GEMM, but not MXFP4's
+    persistent decode tile; the down GEMM keeps per-row bulk copies (DESIGN.md section 3,
+    "TMA tensor copies"). Dense (non-SwiGLU, one CTA per item): when each CTA streams >=
+    :data:`TMA2D_MIN_CHUNKS` K chunks or all CTAs fit one per SM."""
+    if grouped:
+        return epilogue == "swiglu" and not (mx and fields["ctas"])
+    if epilogue != "none" or fields["ctas"] or fields["warps_k"] % 2:
         return False
     chunk = 128 * fields["warps_k"] * fields["steps"]
     return k >= TMA2D_MIN_CHUNKS * chunk or n // w4a16_stream.SET_ROWS <= NUM_SMS
@@ -657,8 +663,8 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
                                     few_rows)
             if grouped:
                 flags["overlap"] = "after" if chained else "none"
-            elif wfrag:
-                flags["tma2d"] = _tma2d(fields, n, k, epilogue, grouped)
+            if grouped or wfrag:
+                flags["tma2d"] = _tma2d(fields, n, k, epilogue, grouped, mx)
         elif family == _MMA:
             fields = _mma_fields(n, k, block_m, epilogue)
         else:

@@ -49,16 +49,18 @@ of the step, the same per-lane k chunk as w4a16_gemm): each 8-lane phase of the 
 touches two rows 64 bytes apart modulo 128, so the loads are bank-conflict free; likewise the
 2-byte scale loads (8 rows at distinct 16-byte offsets modulo 128).
 
-With ``tma2d`` (dense, non-SwiGLU, one CTA per item) the producer fills a stage with two 3D TMA
-tensor copies instead of two bulk copies per weight row: the codes, viewed as ``(64 bytes, N
-rows, K/128 column groups)``, in a box ``(64, rows, kc/128)``, and the scales, viewed as ``(16
-bytes, N, K/256)``, in a box ``(16, rows, kc/256)``. A stage then holds the codes column group
-by column group (group ``γ`` = one consumer step's 64 bytes per row: ``[kc/128][rows][64]``),
-then the scales (``[kc/256][rows][16]``, warps ``2i`` and ``2i + 1`` sharing a 16-byte group).
-Consumer ``w``'s step ``u`` is group ``warps_k u + w``. An 8-lane phase of its 16-byte code
-loads covers rows ``g`` and ``g + 1`` at 64-byte row stride (128 contiguous bytes), and its
-2-byte scale loads fall on 8 rows x 16 bytes: both conflict free. The MMAs and their order
-are those of the per-row layout, so outputs are bitwise the same.
+With ``tma2d`` the producer fills a stage with TMA tensor copies, one box of 16 weight rows
+per operand and row set (SwiGLU: the gate rows' box, then the up rows'), instead of two bulk
+copies per weight row. The codes, viewed as ``(64 bytes, G*N rows, K/128 column groups)``, in
+boxes ``(64, 16, kc/128)``; the scales, viewed as ``(16 bytes, G*N, K/(16 scale_k))``, in boxes
+``(16, 16, kc/(16 scale_k))`` (one tensor map per operand over every expert's rows: a grouped
+box starts at row ``expert * N + row``). A stage then holds each box's codes column group by
+column group (group ``γ`` = one consumer step's 64 bytes per row: ``[box][kc/128][16][64]``),
+then the scales (``[box][kc/(16 scale_k)][16][16]``: a 16-byte group holds the scales of 2
+steps, or 4 with ``mx``). Consumer ``w``'s step ``u`` is group ``warps_k u + w``. An 8-lane
+phase of its 16-byte code loads covers rows ``g`` and ``g + 1`` at 64-byte row stride (128
+contiguous bytes), and its scale loads fall on 8 rows x 16 bytes: both conflict free. The
+MMAs and their order are those of the per-row layout, so outputs are bitwise the same.
 
 FP4 decode (``pair4``): a lane's u32 word holds 8 codes of physical k ``p .. p+7`` (code ``j``
 in nibble ``j``). Output register ``j`` (``j = 0..3``) pairs code ``j`` (low bf16) with code
@@ -220,10 +222,9 @@ class StreamConfig(GemmProblem):
     #: block, element ``i`` of the block's ``j``-th 16-byte load, so the B fragments are loaded
     #: words, no ``prmt``: :meth:`mma_step`)
     order: WeightOrder = WeightOrder.CHECKPOINT
-    #: the producer fills a stage with two TMA tensor copies (all the CTA's codes, all its
-    #: scales) instead of two bulk copies per weight row, into a layout grouped by 64-byte
-    #: column (one consumer step): :attr:`StreamConfig.tma2d` in the module docstring's
-    #: "Shared-memory layout"; dense, non-SwiGLU, one CTA per item, an even ``warps_k``
+    #: the producer fills a stage with TMA tensor copies (per operand one box per 16-row
+    #: set) instead of two bulk copies per weight row, into a layout grouped by 64-byte
+    #: column (one consumer step): ``tma2d`` in the module docstring's "Shared-memory layout"
     tma2d: bool = False
     #: MXFP4 block scales: ``w_scale`` holds one UE8M0 byte per 32 k (``[G, N, K/32]``, bytes
     #: in ``format.MXFP4_KERNEL_SCALE_BYTES``) instead of one e4m3 per 16 (module docstring, "MXFP4
@@ -257,22 +258,11 @@ class StreamConfig(GemmProblem):
             raise ValueError("launch overlap is for grouped problems only")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0, got {self.ctas}")
-        if self.tma2d and not self.tma2d_allowed:
-            raise ValueError("tma2d (two TMA copies per stage) is for dense, non-SwiGLU, "
-                             "non-persistent configs with an even warps_k")
-        if self.mx and not (self.grouped and self.permuted and not self.tma2d
-                            and self.kc % 512 == 0):
+        if self.mx and not (self.grouped and self.permuted and self.kc % 512 == 0):
             raise ValueError("mx (UE8M0 scales per 32 k) is for grouped pair-order problems with "
                              "chunks of 512 k or more (16-byte scale copies)")
         if self.smem_bytes > _SMEM_LIMIT:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory > {_SMEM_LIMIT}")
-
-    @property
-    def tma2d_allowed(self) -> bool:
-        """Whether :attr:`tma2d` may be set: dense, non-SwiGLU, one CTA per item (no ``ctas``,
-        pair order or ``pdl``), an even ``warps_k`` (two warps share a 16-byte scale group)."""
-        return not (self.grouped or self.epilogue == "swiglu" or self.ctas or self.warps_k % 2
-                    or self.permuted or self.pdl)
 
     @property
     def kc(self) -> int:
@@ -307,9 +297,15 @@ class StreamConfig(GemmProblem):
         return 16 if self.tma2d else _odd16(self.kc // self.scale_k)
 
     @property
+    def scale_group_steps(self) -> int:
+        """``tma2d``: consumer steps whose block scales share one 16-byte column group of a
+        row (2 e4m3 pairs of 8 bytes, or 4 UE8M0 words of 4 bytes)."""
+        return 16 * self.scale_k // 128
+
+    @property
     def stage_bytes(self) -> int:
         if self.tma2d:
-            raw = self.rows_phys * (self.kc // 2 + self.kc // 16)
+            raw = self.rows_phys * (self.kc // 2 + self.kc // self.scale_k)
         else:
             raw = self.rows_phys * (self.w_stride + self.s_stride)
         return -(-raw // 128) * 128
@@ -374,24 +370,29 @@ class W4A16StreamGemm(DirectLaunch):
         (plain Python, inlined while tracing)."""
         if const_expr(self.cfg.tma2d):
             tma_w, m_w, tma_s, m_s = self.tma_atoms(w, w_scale)
-            return self.kernel_t2(a, tma_w, m_w, tma_s, m_s, w_global, out, tile_rows,
-                                  row_scale, bias, swiglu_limit)
+            return self.kernel_t2(a, tma_w, m_w, tma_s, m_s, w_global, out, tile_expert,
+                                  tile_rows, row_scale, bias, swiglu_limit)
         return self.kernel(a, w, w_scale, w_global, out, tile_expert, tile_rows, row_scale,
                            bias, swiglu_limit)
 
     def tma_atoms(self, w, w_scale):
-        """``tma2d``: TMA atoms over ``w`` ``[1, N, K/2]`` viewed as ``(64 bytes, N rows, K/128
-        column groups)`` and ``w_scale`` ``[1, N, K/16]`` as ``(16 bytes, N, K/256)``, one box
-        each per stage: ``(64, rows, kc/128)`` codes and ``(16, rows, kc/256)`` scales, landing
-        column group by column group (plain Python, inlined while tracing)."""
+        """``tma2d``: TMA atoms over ``w`` ``[G, N, K/2]`` viewed as ``(64 bytes, G*N rows,
+        K/128 column groups)`` and ``w_scale`` ``[G, N, K/scale_k]`` as ``(16 bytes, G*N,
+        K/(16 scale_k))`` (dense: ``G = 1``), with boxes of one 16-row set and one stage:
+        ``(64, 16, kc/128)`` codes and ``(16, 16, kc/(16 scale_k))`` scales, landing column
+        group by column group (plain Python, inlined while tracing)."""
         cfg = self.cfg
-        r = cfg.rows_phys
+        r = SET_ROWS
+        rows = cfg.n
+        if const_expr(cfg.grouped):
+            rows = w.shape[0] * cfg.n
+        sg = 16 * cfg.scale_k  # k values per 16-byte scale group
         w3 = cute.make_tensor(w.iterator, cute.make_layout(
-            (64, cfg.n, cfg.k // 128), stride=(1, cfg.k // 2, 64)))
+            (64, rows, cfg.k // 128), stride=(1, cfg.k // 2, 64)))
         s3 = cute.make_tensor(w_scale.iterator, cute.make_layout(
-            (16, cfg.n, cfg.k // 256), stride=(1, cfg.k // 16, 16)))
+            (16, rows, cfg.k // sg), stride=(1, cfg.k // cfg.scale_k, 16)))
         box_w = (64, r, cfg.kc // 128)
-        box_s = (16, r, cfg.kc // 256)
+        box_s = (16, r, cfg.kc // sg)
         tma_w, m_w = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), w3,
             cute.make_layout(box_w, stride=(1, 64, 64 * r)), box_w)
@@ -424,19 +425,18 @@ class W4A16StreamGemm(DirectLaunch):
         m_s: cute.Tensor,
         w_global: cute.Tensor,
         out: cute.Tensor,
+        tile_expert: cute.Tensor,
         tile_rows: cute.Tensor,
         row_scale: cute.Tensor,
         bias: cute.Tensor,
         swiglu_limit: Float32,
     ):
-        """:meth:`kernel` for ``tma2d`` configs (dense, one CTA per item): the producer gets
-        the TMA atoms and views in place of ``w`` / ``w_scale``."""
+        """:meth:`kernel` for ``tma2d`` configs: the producer gets the TMA atoms and views in
+        place of ``w`` / ``w_scale``."""
         tidx, bidx, bidy, pipe, sbase, red, acc = self.cta_state()
         io = (a, m_w, m_s, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc,
               (tma_w, tma_s, pipe))
-        self.init_barriers(tidx, sbase)
-        self.item(io, tidx, sbase, bidx, bidy, Int32(0), 0)
-        self.finish(tidx, sbase)
+        self.cta_items(io, tile_expert, tidx, bidx, bidy, sbase)
 
     @cute.kernel
     def kernel(
@@ -452,11 +452,16 @@ class W4A16StreamGemm(DirectLaunch):
         bias: cute.Tensor,
         swiglu_limit: Float32,
     ):
-        cfg = self.cfg
         tidx, bidx, bidy, _, sbase, red, acc = self.cta_state()
-        num_rows = a.shape[0]
         io = (a, w, w_scale, w_global, out, tile_rows, row_scale, bias, swiglu_limit, red, acc)
+        self.cta_items(io, tile_expert, tidx, bidx, bidy, sbase)
 
+    @cute.jit
+    def cta_items(self, io, tile_expert, tidx, bidx, bidy, sbase):
+        """This CTA's work: its one item (skipped when its token tile has no expert), or with
+        ``ctas`` the items ``bidx, bidx + gridDim.x, ...`` through one pipeline."""
+        cfg = self.cfg
+        num_rows = io[0].shape[0]
         if const_expr(cfg.ctas == 0):
             expert = Int32(0)
             if const_expr(cfg.grouped):
@@ -524,7 +529,7 @@ class W4A16StreamGemm(DirectLaunch):
         m0 = tile_m * cfg.block_m
         if warp == cfg.warps_k:
             if const_expr(cfg.tma2d):
-                self.producer_t2(io[11], w, w_scale, tile_n, lane, sbase)
+                self.producer_t2(io[11], w, w_scale, expert, tile_n, lane, sbase, done)
             else:
                 self.producer(w, w_scale, expert, row0, lane, sbase, stage0, done)
         else:
@@ -609,33 +614,50 @@ class W4A16StreamGemm(DirectLaunch):
         return s, full
 
     @cute.jit
-    def producer_t2(self, tma, m_w, m_s, tile_n, lane, sbase):
-        """``tma2d``: the warp fills stage ``c % stages`` with two TMA copies per K chunk ``c``:
-        the codes box ``(64, rows, kc/128)`` at the stage's start and the scales box ``(16,
-        rows, kc/256)`` after it, on the stage's *full* mbarrier (one CTA per item: the
-        pipeline starts at chunk 0)."""
+    def producer_t2(self, tma, m_w, m_s, expert, tile_n, lane, sbase, done):
+        """``tma2d``: the warp fills stage ``s`` of K chunk ``c`` (pipeline chunk ``done +
+        c``) with one TMA copy per operand and 16-row set: codes boxes ``(64, 16, kc/128)``
+        from the stage's start, then scales boxes ``(16, 16, kc/(16 scale_k))``, on the
+        stage's *full* mbarrier. Set ``b``'s box starts at weight row ``expert * N + row0 +
+        b * N/2`` (SwiGLU's up rows for ``b = 1``), a multiple of 16."""
         cfg = self.cfg
         tma_w, tma_s, pipe = tma
-        r = cfg.rows_phys
+        r = SET_ROWS
+        sets = cfg.rows_phys // SET_ROWS
+        sg = cfg.kc // (16 * cfg.scale_k)  # 16-byte scale groups per row and chunk
         codes = cute.make_tensor(pipe + _BAR_BYTES, cute.make_layout(
-            (64, r, cfg.kc // 128, cfg.stages), stride=(1, 64, 64 * r, cfg.stage_bytes)))
-        scales = cute.make_tensor(pipe + (_BAR_BYTES + r * (cfg.kc // 2)), cute.make_layout(
-            (16, r, cfg.kc // 256, cfg.stages), stride=(1, 16, 16 * r, cfg.stage_bytes)))
+            (64, r, cfg.kc // 128, sets, cfg.stages),
+            stride=(1, 64, 64 * r, r * (cfg.kc // 2), cfg.stage_bytes)))
+        scales = cute.make_tensor(
+            pipe + (_BAR_BYTES + cfg.rows_phys * (cfg.kc // 2)), cute.make_layout(
+                (16, r, sg, sets, cfg.stages),
+                stride=(1, 16, 16 * r, 16 * r * sg, cfg.stage_bytes)))
         g_w = cute.local_tile(m_w, (64, r, cfg.kc // 128), (0, None, None))
-        g_s = cute.local_tile(m_s, (16, r, cfg.kc // 256), (0, None, None))
+        g_s = cute.local_tile(m_s, (16, r, sg), (0, None, None))
         t_sw, t_gw = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
                                            cute.group_modes(codes, 0, 3),
                                            cute.group_modes(g_w, 0, 3))
         t_ss, t_gs = cpasync.tma_partition(tma_s, 0, cute.make_layout(1),
                                            cute.group_modes(scales, 0, 3),
                                            cute.group_modes(g_s, 0, 3))
+        # the box row (in 16-row units) of each set
+        box_rows = []
+        for b in cutlass.range_constexpr(sets):
+            box_row = tile_n + b * (cfg.n // (2 * r))
+            if const_expr(cfg.grouped):
+                box_row = box_row + expert * (cfg.n // r)
+            box_rows.append(box_row)
         # the whole warp runs the loop: a TMA copy elects its issuing lane (elect.sync over the
         # full warp, which a lone lane 0 must not execute)
         for c in cutlass.range(self.chunks, unroll=1):
-            s, full = self.acquire_stage(c, lane, sbase)
+            s, full = self.acquire_stage(done + c, lane, sbase)
             bar = cute.make_ptr(Int64, full, cute.AddressSpace.smem, assumed_align=8)
-            cute.copy(tma_w, t_gw[(None, tile_n, c)], t_sw[(None, s)], tma_bar_ptr=bar)
-            cute.copy(tma_s, t_gs[(None, tile_n, c)], t_ss[(None, s)], tma_bar_ptr=bar)
+            for b in cutlass.range_constexpr(sets):
+                cute.copy(tma_w, t_gw[(None, box_rows[b], c)], t_sw[(None, b, s)],
+                          tma_bar_ptr=bar)
+            for b in cutlass.range_constexpr(sets):
+                cute.copy(tma_s, t_gs[(None, box_rows[b], c)], t_ss[(None, b, s)],
+                          tma_bar_ptr=bar)
 
     @cute.jit
     def consumer(self, acc, a, m0, real, warp, lane, num_rows, sbase, stage0, done):
@@ -653,20 +675,37 @@ class W4A16StreamGemm(DirectLaunch):
                   + quad * (sb // 4) + warp * sb)
         wcol = [64 * cfg.warps_k * u for u in range(cfg.steps)]
         scol = [sb * cfg.warps_k * u for u in range(cfg.steps)]
-        if const_expr(cfg.tma2d):
-            # column-group-major stage: codes [kc/128][rows][64 B], scales [kc/256][rows][16 B]
-            r = cfg.rows_phys
-            lane_w = stage0 + grp * 64 + quad * 16 + warp * (64 * r)
-            lane_s = (stage0 + r * (cfg.kc // 2) + grp * 16 + quad * 2 + (warp // 2) * (16 * r)
-                      + (warp % 2) * 8)
-            wcol = [cfg.warps_k * u * 64 * r for u in range(cfg.steps)]
-            scol = [cfg.warps_k * u // 2 * 16 * r for u in range(cfg.steps)]
         w_off = []
         s_off = []
         for q in cutlass.range_constexpr(nq):
             for h in cutlass.range_constexpr(self.frags):
                 w_off.append((SET_ROWS * q + 8 * h) * cfg.w_stride)
                 s_off.append((SET_ROWS * q + 8 * h) * cfg.s_stride)
+        s_delta = None  # run-time scale offsets of steps 1.. against step 0 (tma2d only)
+        if const_expr(cfg.tma2d):
+            # column-group-major boxes of 16 rows: codes [set][kc/128][16][64 B], scales
+            # [set][kc/(16 scale_k)][16][16 B], a scale group holding `spg` steps of a row
+            r = SET_ROWS
+            spg = cfg.scale_group_steps
+            sg_bytes = 16 * r
+            lane_w = stage0 + grp * 64 + quad * 16 + warp * (64 * r)
+            wcol = [cfg.warps_k * u * 64 * r for u in range(cfg.steps)]
+            lane_s = stage0 + cfg.rows_phys * (cfg.kc // 2) + grp * 16 + quad * (sb // 4)
+            if const_expr(cfg.warps_k % spg == 0):
+                lane_s = lane_s + (warp // spg) * sg_bytes + (warp % spg) * sb
+                scol = [cfg.warps_k * u // spg * sg_bytes for u in range(cfg.steps)]
+            else:
+                # a step round's warps share groups: each step's offset, once, at run time
+                s_delta = []
+                for u in cutlass.range_constexpr(cfg.steps):
+                    j = warp + cfg.warps_k * u
+                    s_delta.append((j // spg) * sg_bytes + (j % spg) * sb)
+                scol = [0 for u in range(cfg.steps)]
+            for q in cutlass.range_constexpr(nq):
+                for h in cutlass.range_constexpr(self.frags):
+                    w_off[q * self.frags + h] = q * r * (cfg.kc // 2) + 8 * h * 64
+                    s_off[q * self.frags + h] = (q * r * (cfg.kc // cfg.scale_k)
+                                                 + 8 * h * 16)
         a_base = a.iterator.toint()
         a_row_addr = []
         for t in cutlass.range_constexpr(self.num_tiles):
@@ -684,7 +723,10 @@ class W4A16StreamGemm(DirectLaunch):
             ls = lane_s + off
             for u in cutlass.range_constexpr(cfg.steps):
                 kb = c * cfg.kc + 128 * cfg.warps_k * u  # + 128 * warp (in a_row_addr)
-                self.mma_step(acc, lw, ls, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
+                ls_u = ls
+                if const_expr(s_delta is not None):
+                    ls_u = ls + s_delta[u]
+                self.mma_step(acc, lw, ls_u, w_off, s_off, wcol[u], scol[u], a_row_addr, kb)
             # order this warp's shared-memory reads (generic proxy) before the bulk copy
             # (async proxy) that will overwrite the stage once the producer sees the arrive
             fence_proxy_async()
