@@ -118,12 +118,23 @@ def test_bad_configs_rejected():
 
 
 def test_mx_variants_mirror_the_nvfp4_ones():
-    """One mx twin per grouped wperm plan, nothing else changed in the name."""
-    grouped_wperm = {p.config.name for p in PLANS if p.config.grouped
+    """One mx twin per grouped wperm plan, nothing else changed but the TMA tensor copies of
+    the persistent streamed tile (``dispatch._tma2d``: not for MXFP4's)."""
+    import dataclasses
+
+    def twin(cfg):
+        fields = {"mx": True}
+        if getattr(cfg, "tma2d", False) and cfg.ctas:
+            fields["tma2d"] = False
+        return dataclasses.replace(cfg, **fields).name
+
+    grouped_wperm = {p.config.name: p.config for p in PLANS if p.config.grouped
                      and p.weight_order is dispatch.WeightOrder.WPERM}
     mx_names = {p.config.name for p in MX_PLANS}
     assert all(p.config.mx for p in MX_PLANS) and len(mx_names) == len(MX_PLANS)
-    assert mx_names == {n.replace("_sm_90a", "_mx_sm_90a") for n in grouped_wperm}
+    assert mx_names == {twin(cfg) for cfg in grouped_wperm.values()}
+    assert any("_t2_mx_" in n for n in mx_names) and any("_p396_" in n and "_t2" not in n
+                                                         for n in mx_names)
 
 
 @pytest.mark.parametrize("block_m", [8, 16, 128])
@@ -142,7 +153,13 @@ def test_mx_ptx_reads_one_ue8m0_byte_per_32_k(block_m, tmp_path):
     bias = "0x3b803b80"  # fp4_ptx: (b + 119) << 7 in both bf16 halves
     assert bias not in ptx[False].lower() and bias in ptx[True].lower()
     if block_m == 8:
+        # the per-row bulk copies show their sizes (the dispatched tile takes TMA tensor
+        # copies, whose boxes are in the tensor maps; MXFP4's persistent tile takes these)
+        import dataclasses
+
         kc = plans[True].config.kc
         for mx, nbytes in ((False, kc // 16), (True, kc // 32)):
-            copies = [line for line in ptx[mx].splitlines() if "cp.async.bulk.shared" in line]
+            bulk = dataclasses.replace(plans[mx].config, tma2d=False)
+            text = kernel_ptx(bulk, tmp_path / f"bulk{mx}")
+            copies = [line for line in text.splitlines() if "cp.async.bulk.shared" in line]
             assert any(f", {nbytes}, [" in line for line in copies), (mx, copies)

@@ -172,7 +172,7 @@ def test_wperm_dispatch():
     moe = dict(epilogue="swiglu", grouped=True, m_tiles=4, permuted=True, chained=True)
     for bm in (8, 16, 128):
         cfg = plan_gemm(4096, 4096, bm, order=WeightOrder.WPERM, **moe).config
-        assert cfg.order is WeightOrder.WPERM and cfg.name.endswith("_wp_sm_90a")
+        assert cfg.order is WeightOrder.WPERM and "_wp_" in cfg.name
         assert cfg == dataclasses.replace(plan_gemm(4096, 4096, bm, **moe).config,
                                           order=WeightOrder.WPERM)
     for bm in (8, 16, 128):  # dense: streamed (8), mma.sync (16), WGMMA without kperm (128)
