@@ -210,9 +210,17 @@ def prepare_mxfp4_moe(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tens
     s2, g2 = rescale(w2, w2_scale, name=f"{where}: {names[1]}")
     if native and shaped:
         # one global scale per expert half where the kernels' window holds the half
-        s13, g13 = fmt.mxfp4_group_globals(w13, s13, g13, 2) or (s13, g13)
-        grouped = fmt.mxfp4_group_globals(w2, s2, g2, 1)
-        if grouped is not None:
-            s2, g2 = grouped[0], grouped[1].squeeze(-1)
+        s13, g13 = _per_half(w13, s13, g13, 2)
+        s2, g2 = _per_half(w2, s2, g2, 1)
     flag = prepare_moe(w13, s13, g13, w2, s2, g2, wperm=wperm, where=where)
     return s13, g13, s2, g2, flag
+
+
+def _per_half(w, scale, global_scale, halves):
+    """``(scale, global_scale)`` with one global per expert half (``halves`` 2: w13's gate and
+    up, ``[E, 2]``; 1: w2, ``[E]``: the op's forms), or unchanged where the kernels' window
+    cannot hold a half (:func:`nvfp4_ops.format.mxfp4_group_globals`)."""
+    grouped = fmt.mxfp4_group_globals(w, scale, global_scale, halves)
+    if grouped is None:
+        return scale, global_scale
+    return grouped[0], grouped[1] if halves > 1 else grouped[1].squeeze(-1)

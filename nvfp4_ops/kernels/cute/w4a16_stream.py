@@ -297,6 +297,27 @@ class StreamConfig(GemmProblem):
         return 16 if self.tma2d else _odd16(self.kc // self.scale_k)
 
     @property
+    def step_w_bytes(self) -> int:
+        """Bytes between a row's codes of two consecutive 128-k steps in a stage (``tma2d``:
+        one 64-byte column group of a 16-row box)."""
+        return 64 * SET_ROWS if self.tma2d else 64
+
+    @property
+    def set_w_bytes(self) -> int:
+        """Bytes between two 16-row sets' codes in a stage (``tma2d``: one box)."""
+        return SET_ROWS * (self.kc // 2 if self.tma2d else self.w_stride)
+
+    @property
+    def set_s_bytes(self) -> int:
+        """Bytes between two 16-row sets' scales in a stage (``tma2d``: one box)."""
+        return SET_ROWS * (self.kc // self.scale_k if self.tma2d else self.s_stride)
+
+    @property
+    def scales_at(self) -> int:
+        """Offset of a stage's scales (after every row's codes)."""
+        return self.rows_phys // SET_ROWS * self.set_w_bytes
+
+    @property
     def scale_group_steps(self) -> int:
         """``tma2d``: consumer steps whose block scales share one 16-byte column group of a
         row (2 e4m3 pairs of 8 bytes, or 4 UE8M0 words of 4 bytes)."""
@@ -304,10 +325,7 @@ class StreamConfig(GemmProblem):
 
     @property
     def stage_bytes(self) -> int:
-        if self.tma2d:
-            raw = self.rows_phys * (self.kc // 2 + self.kc // self.scale_k)
-        else:
-            raw = self.rows_phys * (self.w_stride + self.s_stride)
+        raw = self.scales_at + self.rows_phys // SET_ROWS * self.set_s_bytes
         return -(-raw // 128) * 128
 
     @property
@@ -589,7 +607,7 @@ class W4A16StreamGemm(DirectLaunch):
             srcs_w.append(w_base + Int64(grow) * Int64(k_static // 2))
             srcs_s.append(s_base + Int64(grow) * Int64(k_static // ks))
             dsts_w.append(stage0 + r * cfg.w_stride)
-            dsts_s.append(stage0 + cfg.rows_phys * cfg.w_stride + r * cfg.s_stride)
+            dsts_s.append(stage0 + cfg.scales_at + r * cfg.s_stride)
         for c in cutlass.range(self.chunks, unroll=1):
             s, full = self.acquire_stage(done + c, lane, sbase)
             off = s * cfg.stage_bytes
@@ -627,11 +645,10 @@ class W4A16StreamGemm(DirectLaunch):
         sg = cfg.kc // (16 * cfg.scale_k)  # 16-byte scale groups per row and chunk
         codes = cute.make_tensor(pipe + _BAR_BYTES, cute.make_layout(
             (64, r, cfg.kc // 128, sets, cfg.stages),
-            stride=(1, 64, 64 * r, r * (cfg.kc // 2), cfg.stage_bytes)))
-        scales = cute.make_tensor(
-            pipe + (_BAR_BYTES + cfg.rows_phys * (cfg.kc // 2)), cute.make_layout(
-                (16, r, sg, sets, cfg.stages),
-                stride=(1, 16, 16 * r, 16 * r * sg, cfg.stage_bytes)))
+            stride=(1, 64, cfg.step_w_bytes, cfg.set_w_bytes, cfg.stage_bytes)))
+        scales = cute.make_tensor(pipe + (_BAR_BYTES + cfg.scales_at), cute.make_layout(
+            (16, r, sg, sets, cfg.stages),
+            stride=(1, 16, 16 * r, cfg.set_s_bytes, cfg.stage_bytes)))
         g_w = cute.local_tile(m_w, (64, r, cfg.kc // 128), (0, None, None))
         g_s = cute.local_tile(m_s, (16, r, sg), (0, None, None))
         t_sw, t_gw = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
@@ -667,30 +684,27 @@ class W4A16StreamGemm(DirectLaunch):
         quad = lane % 4
         nq = self.num_row_sets
         # this lane's bytes of weight row g (row set 0), its warp's first step of a chunk, and
-        # the static offsets of its later steps (wcol, scol)
-        lane_w = stage0 + grp * cfg.w_stride + quad * 16 + warp * 64
-        # scale bytes per 128-k step: 8 e4m3 (the lane's 32 k: two), or 4 UE8M0 (one)
-        sb = 128 // cfg.scale_k
-        lane_s = (stage0 + cfg.rows_phys * cfg.w_stride + grp * cfg.s_stride
-                  + quad * (sb // 4) + warp * sb)
-        wcol = [64 * cfg.warps_k * u for u in range(cfg.steps)]
-        scol = [sb * cfg.warps_k * u for u in range(cfg.steps)]
+        # the static offsets of its later steps (wcol, scol) and of its other rows (w_off,
+        # s_off: row sets q, rows g and g + 8), in the stage layout of the config's properties
+        lane_w = stage0 + grp * cfg.w_stride + quad * 16 + warp * cfg.step_w_bytes
+        wcol = [cfg.warps_k * u * cfg.step_w_bytes for u in range(cfg.steps)]
         w_off = []
         s_off = []
         for q in cutlass.range_constexpr(nq):
             for h in cutlass.range_constexpr(self.frags):
-                w_off.append((SET_ROWS * q + 8 * h) * cfg.w_stride)
-                s_off.append((SET_ROWS * q + 8 * h) * cfg.s_stride)
-        s_delta = None  # run-time scale offsets of steps 1.. against step 0 (tma2d only)
-        if const_expr(cfg.tma2d):
-            # column-group-major boxes of 16 rows: codes [set][kc/128][16][64 B], scales
-            # [set][kc/(16 scale_k)][16][16 B], a scale group holding `spg` steps of a row
-            r = SET_ROWS
+                w_off.append(q * cfg.set_w_bytes + 8 * h * cfg.w_stride)
+                s_off.append(q * cfg.set_s_bytes + 8 * h * cfg.s_stride)
+        # scale bytes per 128-k step: 8 e4m3 (the lane's 32 k: two), or 4 UE8M0 (one)
+        sb = 128 // cfg.scale_k
+        lane_s = stage0 + cfg.scales_at + grp * cfg.s_stride + quad * (sb // 4)
+        s_delta = None  # run-time scale offsets of each step (tma2d, warps sharing groups)
+        if const_expr(not cfg.tma2d):
+            lane_s = lane_s + warp * sb
+            scol = [sb * cfg.warps_k * u for u in range(cfg.steps)]
+        else:
+            # a 16-byte scale group of a row holds `spg` consecutive steps
             spg = cfg.scale_group_steps
-            sg_bytes = 16 * r
-            lane_w = stage0 + grp * 64 + quad * 16 + warp * (64 * r)
-            wcol = [cfg.warps_k * u * 64 * r for u in range(cfg.steps)]
-            lane_s = stage0 + cfg.rows_phys * (cfg.kc // 2) + grp * 16 + quad * (sb // 4)
+            sg_bytes = 16 * SET_ROWS
             if const_expr(cfg.warps_k % spg == 0):
                 lane_s = lane_s + (warp // spg) * sg_bytes + (warp % spg) * sb
                 scol = [cfg.warps_k * u // spg * sg_bytes for u in range(cfg.steps)]
@@ -701,11 +715,6 @@ class W4A16StreamGemm(DirectLaunch):
                     j = warp + cfg.warps_k * u
                     s_delta.append((j // spg) * sg_bytes + (j % spg) * sb)
                 scol = [0 for u in range(cfg.steps)]
-            for q in cutlass.range_constexpr(nq):
-                for h in cutlass.range_constexpr(self.frags):
-                    w_off[q * self.frags + h] = q * r * (cfg.kc // 2) + 8 * h * 64
-                    s_off[q * self.frags + h] = (q * r * (cfg.kc // cfg.scale_k)
-                                                 + 8 * h * 16)
         a_base = a.iterator.toint()
         a_row_addr = []
         for t in cutlass.range_constexpr(self.num_tiles):
