@@ -186,6 +186,31 @@ def test_permuted_orders_and_the_moe_plan():
             D.plan_gemm(4096, kw.pop("k"), bm, epilogue="swiglu", permuted=True, **kw)
 
 
+def test_moe_down_tiles_capped_on_expert_parallel_ranks():
+    """The down GEMM walks at most ``DOWN_TILES_CAP`` token tiles per feature tile only past
+    decode, where the grid bounds twice the cap and the rank expects at most a quarter of the
+    slots (an EP 8 rank at T = 128); never at EP 1 or 2, at decode or for gate/up."""
+    cap = D.DOWN_TILES_CAP
+    for (e, h, i), ep, t, capped in (((256, 4096, 2048), 8, 128, True),
+                                     ((384, 7168, 3072), 8, 128, True),
+                                     ((256, 4096, 2048), 8, 32, False),
+                                     ((256, 4096, 2048), 8, 1, False),
+                                     ((256, 4096, 2048), 1, 128, False),
+                                     ((256, 4096, 2048), 2, 128, False),
+                                     ((384, 7168, 3072), 4, 256, True),
+                                     ((384, 7168, 3072), 1, 256, False)):
+        plan = D.plan_moe(t, 6, e // ep, h, i, global_num_experts=e)
+        assert plan.down.config.ctas == (h // 16 * cap if capped else 0), (e, ep, t)
+        assert plan.gate_up.config.ctas == 0 or t == 1
+    assert D.moe_down_tiles_cap(2 * cap * 8 - 8, 8, 96.0, 768) == 0  # grid below twice the cap
+    assert D.moe_down_tiles_cap(2 * cap * 8, 8, 192.0, 768) == cap  # a quarter of the slots
+    assert D.moe_down_tiles_cap(2 * cap * 8, 8, 193.0, 768) == 0
+    # warm-up reaches the capped down GEMM
+    reach = D.reachable_plans(moes=[(4096, 2048, D.WeightOrder.WPERM, False)])
+    assert any(p.config.epilogue == "row_scale" and getattr(p.config, "ctas", 0) == 256 * cap
+               for p in reach)
+
+
 def test_moe_plan_is_asked_once_and_consistent():
     """The MoE's plan: the tile of the mean rows per expert that both GEMMs cover, its
     family's permuted order, the padded rows, and two GEMM plans that agree with it."""

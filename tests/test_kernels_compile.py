@@ -24,7 +24,8 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     """Grouped (MoE): 2 shapes x 2 GEMMs x the policy's 5 token tiles
     (``dispatch.MOE_POLICY_TILES``), plus the decode tiles of each shape (at most
     ``PERSIST_MAX_TILES`` token tiles: the persistent gate/up, and the 4-warp down of a rank
-    that expects a few experts' rows). Dense
+    that expects a few experts' rows) and the down GEMM an expert-parallel rank walks with
+    persistent CTAs past decode (``DOWN_TILES_CAP``). Dense
     (shared-expert MLP): 2 shapes x 2 GEMMs x 6 token tiles, plus the dense WGMMA tiles that
     depend on the number of token tiles (block_m 128: 1-2, 256: 2-16; 6 more configs over the
     two shapes). Every grouped plan reads a permuted order (the 32-block one at 16-256, the
@@ -34,7 +35,7 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     (``sibling``): 2 shapes x 2 orders x 2 GEMMs x 3."""
     names = {p.config.name for p in PLANS}
     tiles = len(dispatch.MOE_POLICY_TILES)
-    grouped_plain = 2 * 2 * tiles + 2 * 2
+    grouped_plain = 2 * 2 * tiles + 2 * 2 + 2
     dense_plain = 2 * 2 * 6 + 6
     siblings = 2 * 2 * 2 * 3
     assert len(names) == len(PLANS) == 2 * grouped_plain + 2 * dense_plain + siblings
@@ -54,7 +55,10 @@ def test_variant_set_covers_every_block_m_and_epilogue():
     assert {p.act_order for p in dense} == {"natural"}
     assert {p.act_order for p in grouped if p.block_m == 8} == {"pair"}
     assert {p.act_order for p in grouped if p.block_m > 8} == {"kperm"}
-    assert sum(p.block_m == 8 and p.config.ctas > 0 for p in grouped) == 4  # persistent
+    persistent = [p for p in grouped if p.block_m == 8 and p.config.ctas > 0]
+    assert sorted((p.config.epilogue, p.config.ctas) for p in persistent) == sorted(
+        [("swiglu", dispatch.PERSIST_CTAS)] * 4
+        + [("row_scale", h // 16 * dispatch.DOWN_TILES_CAP) for h in (4096, 7168)] * 2)
     decode_down = [p for p in grouped if p.block_m == 8 and p.config.epilogue == "row_scale"
                    and p.config.warps_k == 4]
     assert len(decode_down) == 4 and {p.config.stages for p in decode_down} == {3}

@@ -320,6 +320,45 @@ def test_tma2d_decode_tiles_equal_bulk_copies(shape_name, ep, num_tokens):
         "TMA tensor copies differ from per-row bulk copies"
 
 
+@pytest.mark.parametrize("shape_name,routing", [
+    ("v4-flash", "uniform"), ("v4-flash", "local"), ("v4-flash", "six"), ("v4-pro", "uniform"),
+    ("v4-pro", "six")])
+def test_capped_down_tiles_equal_one_cta_per_item(shape_name, routing):
+    """An EP 8 rank's down GEMM at T = 128 walks its token tiles with persistent CTAs capped
+    at ``dispatch.DOWN_TILES_CAP`` tiles per feature tile: the reference's output and bitwise
+    that of one CTA per grid item, under uniform routing (about as many real tiles as the
+    cap), with every slot on this rank's experts (``local``: more real tiles than the cap, so
+    CTAs walk several) and every token on the same six local experts (``six``: 16 tiles
+    each)."""
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import ep_slice, fast_random_experts, with_config_fields
+
+    num_tokens, shape = 128, nvfp4_ops.get_shape(shape_name)
+    start, local = ep_slice(shape.experts, 8)
+    experts = fast_random_experts(local, shape.hidden, shape.intermediate, device="cuda",
+                                  first_expert=start, seed=6)
+    ids, weights = make_routing("uniform", num_tokens, shape.experts, shape.top_k, seed=7)
+    if routing == "local":
+        ids = start + torch.argsort(torch.rand(num_tokens, local), dim=1)[:, :shape.top_k]
+    elif routing == "six":
+        ids = (start + 3 + torch.arange(shape.top_k)).expand(num_tokens, -1)
+    ids, weights = ids.to(torch.int32).contiguous().cuda(), weights.cuda()
+    hidden = _hidden(num_tokens, shape.hidden)
+    plan = dispatch.plan_moe(num_tokens, shape.top_k, local, shape.hidden, shape.intermediate,
+                             global_num_experts=shape.experts)
+    feature_tiles = shape.hidden // 16
+    assert plan.block_m == 8 and plan.down.family == "stream", plan
+    assert plan.down.config.ctas == feature_tiles * dispatch.DOWN_TILES_CAP, plan.down.config
+    assert plan.num_rows // 8 >= 2 * dispatch.DOWN_TILES_CAP
+    got = _forward(shape, experts, hidden, ids, weights, plan, start)
+    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"{shape_name} ep8 T={num_tokens} {routing} capped")
+    one_per_item = with_config_fields(plan, {"ctas": 0}, where={"epilogue": "row_scale"})
+    assert one_per_item.down.config.ctas == 0
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, one_per_item,
+                                     start)), "capped persistent CTAs differ from one per item"
+
+
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):
     """One graph at a size with a hot tile, replayed with routings that use no hot expert,
     some, and only hot experts: every replay equals the eager call and the reference."""

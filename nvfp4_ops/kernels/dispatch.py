@@ -35,7 +35,9 @@ tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fie
                        unrolled from :data:`GROUPED_UNROLL_MIN_WEIGHTS`; MoE decode,
                        at most :data:`PERSIST_MAX_TILES` token tiles: persistent gate/up CTAs,
                        and a down GEMM on 4 warps where the rank expects at most
-                       :data:`FEW_ROWS_SLOTS` slots); the MoE's streamed gate/up tiles fill
+                       :data:`FEW_ROWS_SLOTS` slots; past decode on an EP 4+ rank, a down
+                       GEMM of persistent CTAs over :data:`DOWN_TILES_CAP` token tiles,
+                       :func:`moe_down_tiles_cap`); the MoE's streamed gate/up tiles fill
                        their stages with TMA tensor copies (not MXFP4's persistent one).
 =====================  ===========================================================================
 
@@ -143,6 +145,14 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: 0.75, EP 4: 1.5) is "a few experts' rows", whose down GEMM at decode fills more SMs with
 #: 4 consumer warps (DESIGN.md section 3, "Tile shapes")
 FEW_ROWS_SLOTS = 2.0
+#: MoE: the streamed down GEMM past decode on a rank whose grid is mostly empty token tiles
+#: (EP 4 or more: the grid bounds all ``T * k`` slots, the rank expects a share) runs
+#: persistent CTAs over at most this many token tiles per feature tile (``StreamConfig.ctas``
+#: = feature tiles x this; :func:`moe_down_tiles_cap`) instead of one CTA per grid item, most
+#: of which would find their tile empty. On EP 4 and EP 8 ranks at T = 32-256 one CTA per
+#: item took 0.999-1.085x the time of this cap (caps of 24-48 did about as well, 96 worse;
+#: DESIGN.md section 10, "An EP rank launches mostly empty CTAs")
+DOWN_TILES_CAP = 32
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
 #: (H200, V4-Flash and V4-Pro, uniform and skewed: DESIGN.md section 8)
@@ -280,6 +290,18 @@ def local_slots(num_slots: int, num_experts: int, global_num_experts: int = -1) 
     if global_num_experts > num_experts > 0:
         return num_slots * num_experts / global_num_experts
     return float(num_slots)
+
+
+def moe_down_tiles_cap(num_rows: int, block_m: int, slots: float, num_slots: int) -> int:
+    """The token tiles per feature tile the MoE's down GEMM walks persistently
+    (:data:`DOWN_TILES_CAP`), or 0 for one CTA per grid item: capped where the grid's
+    ``num_rows / block_m`` token tiles are at least twice the cap (so a CTA walks two items or
+    more) and the rank expects at most a quarter of the ``num_slots`` slots (``slots``: one
+    rank of EP 4 or more, whose grid, sized for all of them, is mostly empty). Static sizes
+    only; any routing stays correct, since the persistent CTAs walk every item."""
+    if num_rows // block_m < 2 * DOWN_TILES_CAP or 4 * slots > num_slots:
+        return 0
+    return DOWN_TILES_CAP
 
 
 def _poisson(mean_rows: float):
@@ -455,12 +477,13 @@ def moe_mx_supported(hidden_size: int, inter: int) -> bool:
 
 
 def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
-                   few_rows: bool = False) -> dict:
+                   few_rows: bool = False, tiles_cap: int = 0) -> dict:
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
     (4 warps and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
-    ``few_rows``); smaller chunks when K is not a multiple of the preferred one (with ``mx``
-    scales, at least 512 k: a stage's scale copy is 16 bytes or more)."""
+    ``few_rows``; past decode persistent over ``tiles_cap`` token tiles when set); smaller
+    chunks when K is not a multiple of the preferred one (with ``mx`` scales, at least 512 k:
+    a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
@@ -475,6 +498,8 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
         prefs = [(4, 2, 3)]  # a few experts' rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
+        if grouped and tiles_cap and not decode:
+            ctas = n_out // w4a16_stream.SET_ROWS * tiles_cap
     else:
         prefs = [(4, 2, 4)]
     prefs += [(2, 2, 3), (2, 1, 4)]  # 512-k, then 256-k chunks (K is a multiple of 256)
@@ -602,7 +627,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
               grouped: bool = False, m_tiles: int | None = None, permuted: bool = False,
               chained: bool = False, flex: bool = False,
               order: WeightOrder = WeightOrder.CHECKPOINT, mx: bool = False,
-              few_rows: bool = False) -> GemmPlan:
+              few_rows: bool = False, tiles_cap: int = 0) -> GemmPlan:
     """The plan of one W4A16 GEMM (``N`` weight rows, reduction ``K``, token tile
     ``block_m``).
 
@@ -624,6 +649,9 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         few_rows: (grouped) the launch expects a few experts' rows at most
             (:data:`FEW_ROWS_SLOTS`): the streamed decode tile of a non-SwiGLU GEMM takes
             more consumer warps.
+        tiles_cap: (grouped, not SwiGLU) past decode, the streamed tile runs persistent CTAs
+            over at most this many token tiles per feature tile (:func:`moe_down_tiles_cap`);
+            0: one CTA per grid item.
 
     Raises:
         ValueError: no family covers a grouped problem at ``block_m`` (the routing's padding
@@ -660,7 +688,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
     if fields is None:
         if family == _STREAM:
             fields = _stream_fields(n, k, epilogue, grouped, m_tiles if grouped else None, mx,
-                                    few_rows)
+                                    few_rows, tiles_cap)
             if grouped:
                 flags["overlap"] = "after" if chained else "none"
             if grouped or wfrag:
@@ -794,7 +822,9 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
                       permuted=permuted, chained=chained, flex=flex, order=order, mx=mx)
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
         down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
-                         few_rows=slots <= FEW_ROWS_SLOTS, **common)
+                         few_rows=slots <= FEW_ROWS_SLOTS,
+                         tiles_cap=moe_down_tiles_cap(num_rows, tile, slots, num_slots),
+                         **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
         if sibling and chained:  # the base GEMMs run beside the hot ones (moe_cuda)
             gate_up, down = _sibling(gate_up), _sibling(down)
@@ -873,7 +903,8 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                 for plan in (plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu",
                                        **common),
                              *(plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
-                                         few_rows=few, **common) for few in (False, True))):
+                                         few_rows=few, tiles_cap=cap, **common)
+                               for few in (False, True) for cap in (0, DOWN_TILES_CAP))):
                     add(plan)
                     if _hot_class(tile, hidden_size, inter, permuted) is not None:
                         add(_sibling(plan))  # the base tile beside a hot one
