@@ -146,7 +146,7 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: 4 consumer warps (DESIGN.md section 3, "Tile shapes")
 FEW_ROWS_SLOTS = 2.0
 #: MoE: the streamed down GEMM past decode on a rank whose grid is mostly empty token tiles
-#: (EP 4 or more: the grid bounds all ``T * k`` slots, the rank expects a share) runs
+#: (EP 4 or more: the grid bounds all ``T * k`` slots, the rank expects a share; NVFP4) runs
 #: persistent CTAs over at most this many token tiles per feature tile (``StreamConfig.ctas``
 #: = feature tiles x this; :func:`moe_down_tiles_cap`) instead of one CTA per grid item, most
 #: of which would find their tile empty. On EP 4 and EP 8 ranks at T = 32-256 one CTA per
@@ -823,7 +823,9 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
         down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
                          few_rows=slots <= FEW_ROWS_SLOTS,
-                         tiles_cap=moe_down_tiles_cap(num_rows, tile, slots, num_slots),
+                         # MXFP4: measured and GPU-tested with one CTA per item only
+                         tiles_cap=0 if mx else moe_down_tiles_cap(num_rows, tile, slots,
+                                                                   num_slots),
                          **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
         if sibling and chained:  # the base GEMMs run beside the hot ones (moe_cuda)
@@ -904,7 +906,8 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                                        **common),
                              *(plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
                                          few_rows=few, tiles_cap=cap, **common)
-                               for few in (False, True) for cap in (0, DOWN_TILES_CAP))):
+                               for few in (False, True)
+                               for cap in ((0,) if mx else (0, DOWN_TILES_CAP)))):
                     add(plan)
                     if _hot_class(tile, hidden_size, inter, permuted) is not None:
                         add(_sibling(plan))  # the base tile beside a hot one
