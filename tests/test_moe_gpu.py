@@ -65,6 +65,18 @@ def _forward(shape, experts, hidden, ids, weights, plan, expert_start=0):
                                 shape.swiglu_limit, 1.5, plan=plan)
 
 
+def _check_plan_and_variant(shape, experts, hidden, ids, weights, plan, variant, label,
+                            expert_start=0):
+    """``plan``'s output equals the reference's, and bitwise that of ``variant`` (the same
+    plan with other config fields: a kernel form that must not change a bit)."""
+    got = _forward(shape, experts, hidden, ids, weights, plan, expert_start)
+    want = moe_reference(hidden, ids, weights, *experts.args(), expert_start,
+                         shape.swiglu_limit, 1.5)
+    assert_moe_close(got, want, label)
+    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, variant,
+                                     expert_start)), f"{label}: differs from its variant"
+
+
 def _run(shape, experts, hidden, ids, weights, expert_start=0, output_scale=1.5):
     args = (hidden, ids, weights, *experts.args())
     kw = dict(expert_start=expert_start, swiglu_limit=shape.swiglu_limit,
@@ -242,11 +254,9 @@ def test_four_row_warpgroup_tiles_equal_two(shape_name, ep, block_m):
     assert wgs == {g: dispatch.grouped_row_wgs(block_m, getattr(plan, g).config.k)
                    for g in wgs} and 4 in wgs.values(), wgs
     two = with_config_fields(plan, {"row_wgs": 2})
-    got = _forward(shape, experts, hidden, ids, weights, plan, start)
-    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
-    assert_moe_close(got, want, f"{shape_name} ep{ep} bm{block_m} four row warpgroups")
-    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, two, start)), \
-        "four row warpgroups differ from two"
+    _check_plan_and_variant(shape, experts, hidden, ids, weights, plan, two,
+                            f"{shape_name} ep{ep} bm{block_m} four row warpgroups vs two",
+                            start)
 
 
 @pytest.mark.parametrize("shape_name,num_tokens,block_m,hot", [
@@ -279,11 +289,8 @@ def test_unrolled_k_loop_equals_rolled(shape_name, num_tokens, block_m, hot):
         assert all(g.family == "wgmma" and g.config.unroll == want_unroll
                    for g in gemms), gemms
 
-    got = _forward(shape, experts, hidden, ids, weights, unrolled)
-    want = moe_reference(hidden, ids, weights, *experts.args(), 0, shape.swiglu_limit, 1.5)
-    assert_moe_close(got, want, f"{shape_name} T={num_tokens} bm={block_m} unrolled")
-    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, rolled)), \
-        "the unrolled k loop differs from the rolled one"
+    _check_plan_and_variant(shape, experts, hidden, ids, weights, unrolled, rolled,
+                            f"{shape_name} T={num_tokens} bm={block_m} unrolled vs rolled")
 
 
 @pytest.mark.parametrize("shape_name,ep,num_tokens", [
@@ -313,11 +320,8 @@ def test_tma2d_decode_tiles_equal_bulk_copies(shape_name, ep, num_tokens):
     assert plan.gate_up.config.tma2d and not plan.down.config.tma2d  # the dispatch's choice
     t2 = with_config_fields(plan, {"tma2d": True})
     bulk = with_config_fields(plan, {"tma2d": False})
-    got = _forward(shape, experts, hidden, ids, weights, t2, start)
-    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
-    assert_moe_close(got, want, f"{shape_name} ep{ep} T={num_tokens} tma2d")
-    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, bulk, start)), \
-        "TMA tensor copies differ from per-row bulk copies"
+    _check_plan_and_variant(shape, experts, hidden, ids, weights, t2, bulk,
+                            f"{shape_name} ep{ep} T={num_tokens} tma2d vs bulk copies", start)
 
 
 @pytest.mark.parametrize("shape_name,routing", [
@@ -350,13 +354,11 @@ def test_capped_down_tiles_equal_one_cta_per_item(shape_name, routing):
     assert plan.block_m == 8 and plan.down.family == "stream", plan
     assert plan.down.config.ctas == feature_tiles * dispatch.DOWN_TILES_CAP, plan.down.config
     assert plan.num_rows // 8 >= 2 * dispatch.DOWN_TILES_CAP
-    got = _forward(shape, experts, hidden, ids, weights, plan, start)
-    want = moe_reference(hidden, ids, weights, *experts.args(), start, shape.swiglu_limit, 1.5)
-    assert_moe_close(got, want, f"{shape_name} ep8 T={num_tokens} {routing} capped")
     one_per_item = with_config_fields(plan, {"ctas": 0}, where={"epilogue": "row_scale"})
     assert one_per_item.down.config.ctas == 0
-    assert torch.equal(got, _forward(shape, experts, hidden, ids, weights, one_per_item,
-                                     start)), "capped persistent CTAs differ from one per item"
+    _check_plan_and_variant(shape, experts, hidden, ids, weights, plan, one_per_item,
+                            f"{shape_name} ep8 T={num_tokens} {routing} capped vs one per item",
+                            start)
 
 
 def test_hot_tiles_cuda_graph_replay_with_new_routing(flash):

@@ -481,9 +481,9 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
     (4 warps and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
-    ``few_rows``; past decode persistent over ``tiles_cap`` token tiles when set); smaller
-    chunks when K is not a multiple of the preferred one (with ``mx`` scales, at least 512 k:
-    a stage's scale copy is 16 bytes or more)."""
+    ``few_rows``; past decode persistent over ``tiles_cap`` token tiles when set, NVFP4
+    scales only); smaller chunks when K is not a multiple of the preferred one (with ``mx``
+    scales, at least 512 k: a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
@@ -498,7 +498,8 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
         prefs = [(4, 2, 3)]  # a few experts' rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
-        if grouped and tiles_cap and not decode:
+        # not MXFP4's: measured and GPU-tested with one CTA per item only
+        if grouped and tiles_cap and not decode and not mx:
             ctas = n_out // w4a16_stream.SET_ROWS * tiles_cap
     else:
         prefs = [(4, 2, 4)]
@@ -649,9 +650,9 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         few_rows: (grouped) the launch expects a few experts' rows at most
             (:data:`FEW_ROWS_SLOTS`): the streamed decode tile of a non-SwiGLU GEMM takes
             more consumer warps.
-        tiles_cap: (grouped, not SwiGLU) past decode, the streamed tile runs persistent CTAs
-            over at most this many token tiles per feature tile (:func:`moe_down_tiles_cap`);
-            0: one CTA per grid item.
+        tiles_cap: (grouped, not SwiGLU, not ``mx``) past decode, the streamed tile runs
+            persistent CTAs over at most this many token tiles per feature tile
+            (:func:`moe_down_tiles_cap`); 0: one CTA per grid item.
 
     Raises:
         ValueError: no family covers a grouped problem at ``block_m`` (the routing's padding
@@ -823,9 +824,7 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden_size: int, in
         gate_up = plan_gemm(2 * inter, hidden_size, tile, epilogue="swiglu", **common)
         down = plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
                          few_rows=slots <= FEW_ROWS_SLOTS,
-                         # MXFP4: measured and GPU-tested with one CTA per item only
-                         tiles_cap=0 if mx else moe_down_tiles_cap(num_rows, tile, slots,
-                                                                   num_slots),
+                         tiles_cap=moe_down_tiles_cap(num_rows, tile, slots, num_slots),
                          **common)
         assert (down.block_m, down.act_order) == (gate_up.block_m, gate_up.act_order)
         if sibling and chained:  # the base GEMMs run beside the hot ones (moe_cuda)
@@ -906,8 +905,7 @@ def reachable_plans(*, linears=(), mlps=(), moes=()) -> list[GemmPlan]:
                                        **common),
                              *(plan_gemm(hidden_size, inter, tile, epilogue="row_scale",
                                          few_rows=few, tiles_cap=cap, **common)
-                               for few in (False, True)
-                               for cap in ((0,) if mx else (0, DOWN_TILES_CAP)))):
+                               for few in (False, True) for cap in (0, DOWN_TILES_CAP))):
                     add(plan)
                     if _hot_class(tile, hidden_size, inter, permuted) is not None:
                         add(_sibling(plan))  # the base tile beside a hot one
