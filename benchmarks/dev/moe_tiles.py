@@ -23,7 +23,10 @@ checked bitwise, e.g. ``--op-fields unroll=1 "unroll=1;stages=6@block_m=64,row_w
 stages=3@epilogue=swiglu``. ``--format mxfp4``: MXFP4 experts (the kernels' UE8M0
 scales and global scales as :func:`nvfp4_ops.prepare_mxfp4_moe` makes them) instead of NVFP4;
 with ``--mx-other-globals`` the op's plan is also timed with the same global scales in the
-other form (one per row <-> one per expert half), outputs checked bitwise.
+other form (one per row <-> one per expert half), outputs checked bitwise. ``--trim``: the
+op's plan also with ``P`` cut to the rows the cell's routing really needs, so no grid has an
+empty token tile (only this routing fits it: a measurement, not a plan): what the static
+grids' empty CTAs cost, the most a persistent or capped walk could win back.
 
     python benchmarks/dev/moe_tiles.py --shapes v4-pro --tokens 256 512 1024 \
         --routing uniform skew --ep 1 8
@@ -174,6 +177,18 @@ def parse_fields(items: list[str]) -> list[list[tuple[dict, dict]]]:
              for group in item.split(";")] for item in items]
 
 
+def time_against_plan(call, expected, plan_us: float, reps: int, flush, vcall,
+                      label: str) -> None:
+    """Print the µs of ``vcall`` (an op call equal to ``call``'s, checked bitwise against
+    ``expected``) timed between the plan's first run (``plan_us``) and a second one."""
+    diff = int((vcall() != expected).sum())
+    v_us = time_one_call(vcall, reps, flush)
+    again = time_one_call(call, reps, flush)
+    print(f"    op {label}: {v_us:8.1f} us, plan again {again:8.1f} "
+          f"({v_us / (0.5 * (plan_us + again)):.3f}){f' DIFF {diff}' if diff else ''}",
+          flush=True)
+
+
 def time_variants(plan, call, base_us: float, args, flush) -> None:
     """Time the whole op at each :func:`variant_plans` of ``plan`` and print the µs of each
     against the planned shapes' ``base_us`` (and ``DIFF n`` where its output is not bitwise
@@ -239,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                         "form (per row <-> per expert half, the same values)")
     p.add_argument("--jobs", type=int, default=1,
                    help="compile the configs the run needs in this many processes first")
+    p.add_argument("--trim", action="store_true",
+                   help="also time the op's plan (without a hot tile) with P cut to the rows "
+                        "this routing really needs: no empty token tiles in any grid (a bound "
+                        "only this routing meets, so not a plan): what the static grid's "
+                        "empty CTAs cost, the most a persistent or capped walk could win")
     p.add_argument("--time-limit", type=float, default=0.0, help="stop after S seconds")
     args = p.parse_args(argv)
     mx = args.format == "mxfp4"
@@ -316,31 +336,35 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"    op {'flex ' if fx else 'whole'} {op.block_m}"
                               f"{f' + hot {op.hot.routing.block_m}' if op.hot else ''}: "
                               f"{op_us[fx]:8.1f} us", flush=True)
-                        expected = call() if args.op_fields else None
+                        expected = call() if (args.op_fields or w_other is not None
+                                              or args.trim) else None
+                        against_plan = functools.partial(time_against_plan, call, expected,
+                                                         op_us[fx], args.reps, flush)
+
                         for variant, fields in zip(args.op_fields,
                                                    parse_fields(args.op_fields), strict=True):
                             varied = fielded(op, fields)
                             if varied is None:
                                 print(f"    op +{variant}: refused by a config", flush=True)
                                 continue
-                            vcall = functools.partial(call.func, *call.args,
-                                                      **{**call.keywords, "plan": varied})
-                            diff = int((vcall() != expected).sum())
-                            v_us = time_one_call(vcall, args.reps, flush)
-                            again = time_one_call(call, args.reps, flush)
-                            print(f"    op +{variant}: {v_us:8.1f} us, plan again {again:8.1f} "
-                                  f"({v_us / (0.5 * (op_us[fx] + again)):.3f})"
-                                  f"{f' DIFF {diff}' if diff else ''}", flush=True)
+                            against_plan(functools.partial(call.func, *call.args,
+                                                           **{**call.keywords, "plan": varied}),
+                                         f"+{variant}")
                         if w_other is not None:
-                            hcall = functools.partial(moe_cuda.moe_forward, hidden, ids,
-                                                      weights, *w_other, start, s.swiglu_limit,
-                                                      1.0, plan=op)
-                            diff = int((hcall() != call()).sum())
-                            v_us = time_one_call(hcall, args.reps, flush)
-                            again = time_one_call(call, args.reps, flush)
-                            print(f"    op {form} globals: {v_us:8.1f} us, plan again "
-                                  f"{again:8.1f} ({v_us / (0.5 * (op_us[fx] + again)):.3f})"
-                                  f"{f' DIFF {diff}' if diff else ''}", flush=True)
+                            against_plan(functools.partial(moe_cuda.moe_forward, hidden, ids,
+                                                           weights, *w_other, start,
+                                                           s.swiglu_limit, 1.0, plan=op),
+                                         f"{form} globals")
+                        if args.trim and op.hot is None:
+                            bm = op.block_m
+                            need = max(int(((counts + bm - 1) // bm).sum()), 1) * bm
+                            print(f"    op P {op.num_rows} ({op.num_rows // bm} token tiles), "
+                                  f"this routing needs {need} ({need // bm})", flush=True)
+                            trimmed = dataclasses.replace(op, num_rows=need)
+                            against_plan(functools.partial(call.func, *call.args,
+                                                           **{**call.keywords,
+                                                              "plan": trimmed}),
+                                         "trimmed to the real tiles")
                     cells = {}
                     seen = set()
                     for bm, fx in [(bm, fx) for bm in args.tiles for fx in args.flex]:
