@@ -205,9 +205,9 @@ def test_moe_down_tiles_capped_on_expert_parallel_ranks():
     assert D.moe_down_tiles_cap(2 * cap * 8 - 8, 8, 96.0, 768) == 0  # grid below twice the cap
     assert D.moe_down_tiles_cap(2 * cap * 8, 8, 192.0, 768) == cap  # a quarter of the slots
     assert D.moe_down_tiles_cap(2 * cap * 8, 8, 193.0, 768) == 0
-    # MXFP4 keeps one CTA per item (measured and GPU-tested so only)
-    assert not D.plan_moe(128, 6, 32, 4096, 2048, global_num_experts=256, order=W.WPERM,
-                          mx=True).down.config.ctas
+    # MXFP4's down GEMM too (its UE8M0 scales change the stage bytes, not the walk)
+    assert D.plan_moe(128, 6, 32, 4096, 2048, global_num_experts=256, order=W.WPERM,
+                      mx=True).down.config.ctas == 256 * cap
     # warm-up reaches the capped down GEMM
     reach = D.reachable_plans(moes=[(4096, 2048, D.WeightOrder.WPERM, False)])
     assert any(p.config.epilogue == "row_scale" and getattr(p.config, "ctas", 0) == 256 * cap

@@ -123,16 +123,13 @@ def test_bad_configs_rejected():
 
 def test_mx_variants_mirror_the_nvfp4_ones():
     """One mx twin per grouped wperm plan, nothing else changed but the TMA tensor copies of
-    the persistent streamed tile (``dispatch._tma2d``: not for MXFP4's) and the capped down
-    GEMM of EP ranks (NVFP4 only: its MXFP4 twin is the one-CTA-per-item down)."""
+    the persistent streamed tile (``dispatch._tma2d``: not for MXFP4's)."""
     import dataclasses
 
     def twin(cfg):
         fields = {"mx": True}
         if getattr(cfg, "tma2d", False) and cfg.ctas:
             fields["tma2d"] = False
-        if getattr(cfg, "ctas", 0) and cfg.epilogue == "row_scale":
-            fields["ctas"] = 0
         return dataclasses.replace(cfg, **fields).name
 
     grouped_wperm = {p.config.name: p.config for p in PLANS if p.config.grouped

@@ -377,6 +377,47 @@ def test_native_expert_parallel_slice(pro, num_tokens):
     assert torch.equal(got[0], torch.zeros_like(got[0])), "token with no local expert"
 
 
+@pytest.mark.parametrize("routing", ["uniform", "local"])
+@pytest.mark.parametrize("shape_name", ["v4-flash", "v4-pro"])
+def test_native_capped_down_tiles(flash, pro, shape_name, routing):
+    """One rank of 8 local experts of 256 at T = 128: the ``mx`` down GEMM walks its token
+    tiles with persistent CTAs capped at ``dispatch.DOWN_TILES_CAP`` per feature tile, as the
+    NVFP4 one does. Bitwise the same plan with one CTA per grid item and the converted
+    weights' result, and close to the reference; ``local``: every slot on this rank's experts
+    (more real tiles than the cap, so CTAs walk several)."""
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.testing import with_config_fields
+
+    shape, mx = _shape_and_experts(shape_name, flash, pro)
+    num_tokens, start, total = 128, 128, 256
+    w13, w2 = mx.w13.clone(), mx.w2.clone()
+    nvfp4_ops.to_wperm_(w13)
+    nvfp4_ops.to_wperm_(w2)
+    plan = dispatch.plan_moe(num_tokens, shape.top_k, NUM_EXPERTS, shape.hidden,
+                             shape.intermediate, global_num_experts=total,
+                             order=dispatch.WeightOrder.WPERM, mx=True)
+    assert plan.down.family == "stream" and plan.down.config.mx, plan.down
+    assert plan.down.config.ctas == shape.hidden // 16 * dispatch.DOWN_TILES_CAP, plan.down
+    one_per_item = with_config_fields(plan, {"ctas": 0}, where={"epilogue": "row_scale"})
+    torch.manual_seed(80)
+    hidden = _hidden(num_tokens, shape.hidden)
+    ids, weights = random_routing(num_tokens, total, shape.top_k, device="cuda")
+    if routing == "local":
+        ids = (start + torch.argsort(torch.rand(num_tokens, NUM_EXPERTS, device="cuda"),
+                                     dim=1)[:, :shape.top_k]).to(ids.dtype)
+    native = mx.args(w13, w2, native=True)
+    got = moe_cuda.moe_forward(hidden, ids, weights, *native, start, shape.swiglu_limit, 1.5,
+                               plan=plan)
+    assert torch.equal(got, moe_cuda.moe_forward(hidden, ids, weights, *native, start,
+                                                 shape.swiglu_limit, 1.5, plan=one_per_item))
+    converted = nvfp4_ops.moe(hidden, ids, weights, *mx.args(w13, w2), expert_start=start,
+                              global_num_experts=total, swiglu_limit=shape.swiglu_limit,
+                              output_scale=1.5, wperm=True)
+    assert torch.equal(got, converted)
+    ref = _reference(hidden, ids, weights, mx, start, shape.swiglu_limit, 1.5)
+    assert_moe_close(got, ref, f"native capped {shape_name} {routing}")
+
+
 def _assert_grouped_form(mx: Mxfp4Experts, s13, g13, s2, g2) -> None:
     """The prepared native form is the per-row rebase (bitwise the CPU's, tested above) with
     one global scale per expert half (``format.mxfp4_group_globals``)."""

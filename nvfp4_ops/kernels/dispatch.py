@@ -146,12 +146,13 @@ PERSIST_CTAS = 3 * NUM_SMS
 #: 4 consumer warps (DESIGN.md section 3, "Tile shapes")
 FEW_ROWS_SLOTS = 2.0
 #: MoE: the streamed down GEMM past decode on a rank whose grid is mostly empty token tiles
-#: (EP 4 or more: the grid bounds all ``T * k`` slots, the rank expects a share; NVFP4) runs
+#: (EP 4 or more: the grid bounds all ``T * k`` slots, the rank expects a share) runs
 #: persistent CTAs over at most this many token tiles per feature tile (``StreamConfig.ctas``
 #: = feature tiles x this; :func:`moe_down_tiles_cap`) instead of one CTA per grid item, most
 #: of which would find their tile empty. On EP 4 and EP 8 ranks at T = 32-256 one CTA per
-#: item took 0.999-1.085x the time of this cap (caps of 24-48 did about as well, 96 worse;
-#: DESIGN.md section 10, "An EP rank launches mostly empty CTAs")
+#: item took 0.999-1.085x the time of this cap on NVFP4 weights and 0.997-1.085x on MXFP4
+#: (caps of 24-48 did about as well, 96 worse; DESIGN.md section 10, "An EP rank launches
+#: mostly empty CTAs")
 DOWN_TILES_CAP = 32
 #: MoE: time of one ``block_m``-row token tile (both GEMMs over one expert's weights) relative
 #: to an 8-row tile; the op's time is close to (real tiles) x (this) at every T and routing
@@ -481,9 +482,9 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
     """Tile of the streamed decode kernel: 4 consumer warps and 1024-k chunks for dense and
     grouped gate/up problems (persistent CTAs at decode), 2 warps for the other grouped GEMM
     (4 warps and 3 stages at decode, at most :data:`PERSIST_MAX_TILES` token tiles, with
-    ``few_rows``; past decode persistent over ``tiles_cap`` token tiles when set, NVFP4
-    scales only); smaller chunks when K is not a multiple of the preferred one (with ``mx``
-    scales, at least 512 k: a stage's scale copy is 16 bytes or more)."""
+    ``few_rows``; past decode persistent over ``tiles_cap`` token tiles when set); smaller
+    chunks when K is not a multiple of the preferred one (with ``mx`` scales, at least 512 k:
+    a stage's scale copy is 16 bytes or more)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     if not w4a16_stream.supported(n_out, k):
         raise ValueError(f"unsupported size N_out={n_out}, K={k} (needs N_out%16, K%256)")
@@ -498,8 +499,7 @@ def _stream_fields(n, k, epilogue, grouped, m_tiles, mx: bool = False,
         prefs = [(4, 2, 3)]  # a few experts' rows fill more SMs (DESIGN.md section 3)
     elif grouped or epilogue == "swiglu":
         prefs = [(2, 2, 2)]
-        # not MXFP4's: measured and GPU-tested with one CTA per item only
-        if grouped and tiles_cap and not decode and not mx:
+        if grouped and tiles_cap and not decode:
             ctas = n_out // w4a16_stream.SET_ROWS * tiles_cap
     else:
         prefs = [(4, 2, 4)]
@@ -650,7 +650,7 @@ def plan_gemm(n: int, k: int, block_m: int, *, epilogue: str = "none", has_bias:
         few_rows: (grouped) the launch expects a few experts' rows at most
             (:data:`FEW_ROWS_SLOTS`): the streamed decode tile of a non-SwiGLU GEMM takes
             more consumer warps.
-        tiles_cap: (grouped, not SwiGLU, not ``mx``) past decode, the streamed tile runs
+        tiles_cap: (grouped, not SwiGLU) past decode, the streamed tile runs
             persistent CTAs over at most this many token tiles per feature tile
             (:func:`moe_down_tiles_cap`); 0: one CTA per grid item.
 
