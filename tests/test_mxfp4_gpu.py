@@ -401,10 +401,11 @@ def test_native_capped_down_tiles(flash, pro, shape_name, routing):
     one_per_item = with_config_fields(plan, {"ctas": 0}, where={"epilogue": "row_scale"})
     torch.manual_seed(80)
     hidden = _hidden(num_tokens, shape.hidden)
-    ids, weights = random_routing(num_tokens, total, shape.top_k, device="cuda")
-    if routing == "local":
-        ids = (start + torch.argsort(torch.rand(num_tokens, NUM_EXPERTS, device="cuda"),
-                                     dim=1)[:, :shape.top_k]).to(ids.dtype)
+    if routing == "local":  # every slot on this rank's experts
+        ids, weights = random_routing(num_tokens, NUM_EXPERTS, shape.top_k, device="cuda",
+                                      expert_start=start)
+    else:
+        ids, weights = random_routing(num_tokens, total, shape.top_k, device="cuda")
     native = mx.args(w13, w2, native=True)
     got = moe_cuda.moe_forward(hidden, ids, weights, *native, start, shape.swiglu_limit, 1.5,
                                plan=plan)
