@@ -355,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
                                                            weights, *w_other, start,
                                                            s.swiglu_limit, 1.0, plan=op),
                                          f"{form} globals")
-                        if args.trim and op.hot is None:
+                        if args.trim and op.hot is not None:
+                            # a hot class sizes P for its hot rows too: no single cut fits
+                            print("    op trimmed: not measured (the plan has a hot tile)",
+                                  flush=True)
+                        elif args.trim:
                             bm = op.block_m
                             need = max(int(((counts + bm - 1) // bm).sum()), 1) * bm
                             print(f"    op P {op.num_rows} ({op.num_rows // bm} token tiles), "
