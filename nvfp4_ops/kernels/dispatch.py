@@ -851,8 +851,16 @@ def _hot_class(block_m: int, hidden_size: int, inter: int, permuted: bool) -> Ho
 
 
 def _sibling(plan: GemmPlan) -> GemmPlan:
-    """``plan`` launched beside the previous kernel (``overlap='beside'``)."""
-    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, overlap="beside"))
+    """``plan`` launched beside the previous kernel (``overlap='beside'``): a base tile
+    beside a hot one, which runs only where the rank holds most of the slots (EP 1 and 2).
+    Its k loop is unrolled there whatever :data:`GROUPED_UNROLL_MIN_WEIGHTS` says, except
+    for the 64-row two-warpgroup tile, which unrolled holds one CTA per SM instead of two
+    (DESIGN.md section 5, "The consumers' k loop unrolled")."""
+    cfg = plan.config
+    fields = dict(overlap="beside")
+    if plan.family == "wgmma" and not (cfg.block_m == 64 and cfg.row_wgs == 2):
+        fields["unroll"] = True
+    return dataclasses.replace(plan, config=dataclasses.replace(cfg, **fields))
 
 
 # ---------------------------------------------------------------------------- reachability
