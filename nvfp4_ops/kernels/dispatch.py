@@ -130,7 +130,8 @@ GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 #: consumers' k loop unrolled by the ring's depth (``WgmmaConfig.unroll``): V4-Pro's two
 #: (44 M, 22 M) gained 1-11 % of the whole op at every measured T, routing and EP slice;
 #: V4-Flash's (16.8 M, 8.4 M) gained 2-8 % at EP 1 but lost up to 2.4 % on one EP 8 rank,
-#: and its 64-row two-warpgroup tile loses occupancy (DESIGN.md section 5)
+#: and its 64-row two-warpgroup tile loses occupancy (DESIGN.md section 5), so they unroll
+#: only as base tiles beside a hot tile, which runs at EP 1 and 2 only (:func:`_sibling`)
 GROUPED_UNROLL_MIN_WEIGHTS = 20 << 20
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
