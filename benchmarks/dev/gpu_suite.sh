@@ -7,8 +7,9 @@
 #   setup     precompile every variant of the three shapes (MXFP4 ones included) in parallel
 #             workers (a warm disk cache makes the later parts load instead of compile);
 #             installs .whl/*.whl (humming-kernels for bench_moe) into /tmp/site when present
-#   moe       the MoE-side GPU tests: moe, MXFP4, routing, load-time preparation, warm-up,
+#   moe       the MoE-side GPU tests: moe, routing, load-time preparation, warm-up,
 #             validation, compile / AOT graphs
+#   mxfp4     the MXFP4 GPU tests (tests/test_mxfp4_gpu.py)
 #   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
 #             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call
 #   dense     the dense GPU tests: linear, wfrag, stream-K
@@ -28,6 +29,10 @@
 #             routings, EP 1 and 8; then its GPU test (bitwise the rolled form's outputs)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
+# The machine's kernel cache lasts only while the machine stays warm (it goes back after a short
+# idle time), so a call on a fresh machine names `setup` first (`gpu_suite.sh setup moe`):
+# without it each test file compiles its variants inside its own time limit (the MXFP4 file
+# alone took more than 250 s so on an H100 and was killed).
 # Tests run in XDIST (default 4) pytest-xdist workers. Every pytest and benchmark runs under
 # `timeout -s KILL` (a hung kernel must not eat the call); the last lines of each go to
 # stdout, the whole log to $OUT. The device tool brings back at most 8 files from $OUT, so
@@ -73,7 +78,8 @@ for part in "$@"; do
     moe)
       tests moe 420 tests/test_moe_gpu.py tests/test_moe_routing.py tests/test_prepare.py \
         tests/test_warmup.py tests/test_validation.py tests/test_compile_graph.py \
-        tests/test_triton_launch.py
+        tests/test_triton_launch.py ;;
+    mxfp4)
       tests mxfp4 360 tests/test_mxfp4_gpu.py ;;
     rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
       # shellcheck disable=SC2086
