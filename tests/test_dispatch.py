@@ -484,7 +484,8 @@ def test_unrolled_k_loop_rule(mx):
                     assert g.config.name in reach, (h, t, local, g.config.name)
                     if g.family == "wgmma":
                         c = g.config
-                        beside = c.overlap == "beside" and (c.block_m, c.row_wgs) != (64, 2)
+                        beside = (c.overlap == "beside"
+                                  and (c.block_m, c.row_wgs) not in D.UNROLL_HALVES_OCCUPANCY)
                         assert c.overlap != "beside" or plan.hot
                         assert c.unroll == (want or beside), (h, t, local, c.name)
                         seen.add((c.unroll, c.block_m))
@@ -492,6 +493,11 @@ def test_unrolled_k_loop_rule(mx):
                         assert not getattr(g.config, "unroll", False)
     # the rule reached every grouped WGMMA tile of both shapes
     assert {bm for u, bm in seen if u} == {bm for u, bm in seen if not u} == {16, 64, 128, 256}
+    # the tile kept rolled beside a hot one is V4-Flash's 64-row two-warpgroup down tile
+    assert D.UNROLL_HALVES_OCCUPANCY == {(64, 2)}
+    assert not D.grouped_unroll(4096, 2048, 64, 2, beside=True)
+    assert D.grouped_unroll(4096, 2048, 64, 4, beside=True)
+    assert D.grouped_unroll(7168, 3072, 64, 2) and not D.grouped_unroll(4096, 2048, 128, 4)
     dense = D.reachable_plans(linears=[(7168, 18432, False, W.CHECKPOINT),
                                        (7168, 18432, False, W.WFRAG)],
                               mlps=[(7168, 3072, W.CHECKPOINT)])

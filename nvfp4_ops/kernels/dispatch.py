@@ -32,7 +32,7 @@ tile shapes            per family below: :func:`_stream_fields`, :func:`_mma_fie
                        :func:`_wgmma_fields` (dense WGMMA 128/256 by a wave estimate over
                        :data:`DENSE_TILES`; grouped 16/32 by :data:`GROUPED_SMALL_TILES`,
                        grouped 64-256 row warpgroups by :data:`GROUPED_ROW_WGS`, k loop
-                       unrolled from :data:`GROUPED_UNROLL_MIN_WEIGHTS`; MoE decode,
+                       form by :func:`grouped_unroll`; MoE decode,
                        at most :data:`PERSIST_MAX_TILES` token tiles: persistent gate/up CTAs,
                        and a down GEMM on 4 warps where the rank expects at most
                        :data:`FEW_ROWS_SLOTS` slots; past decode on an EP 4+ rank, a down
@@ -131,8 +131,13 @@ GROUPED_ROW_WGS = {128: (4, 0), 64: (4, 3072)}
 #: (44 M, 22 M) gained 1-11 % of the whole op at every measured T, routing and EP slice;
 #: V4-Flash's (16.8 M, 8.4 M) gained 2-8 % at EP 1 but lost up to 2.4 % on one EP 8 rank,
 #: and its 64-row two-warpgroup tile loses occupancy (DESIGN.md section 5), so they unroll
-#: only as base tiles beside a hot tile, which runs at EP 1 and 2 only (:func:`_sibling`)
+#: only as base tiles beside a hot tile, which runs at EP 1 and 2 only
+#: (:func:`grouped_unroll`)
 GROUPED_UNROLL_MIN_WEIGHTS = 20 << 20
+#: grouped WGMMA tiles ``(block_m, row_wgs)`` that the beside-a-hot-tile rule keeps rolled:
+#: V4-Flash's 64-row two-warpgroup down tile needs 125 registers per thread unrolled (75
+#: rolled), one CTA per SM instead of two (DESIGN.md section 5)
+UNROLL_HALVES_OCCUPANCY = frozenset({(64, 2)})
 #: dense token tiles counted past this many are treated as this many (the WGMMA estimate no
 #: longer changes), which bounds the configs a dispatch can reach
 DENSE_MAX_M_TILES = 16
@@ -537,16 +542,15 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     :data:`GROUPED_SMALL_TILES`. Other grouped tiles: :data:`GROUPED_ROW_WGS` row warpgroups
     (two by default) sharing each activation tile; dense tiles below 128 (or without a tile
     count): two; each falling back to two, then one, where N does not divide. Grouped GEMMs
-    of at least :data:`GROUPED_UNROLL_MIN_WEIGHTS` weights per expert unroll their k loop.
+    unroll their k loop by :func:`grouped_unroll`.
     Dense 128/256 with a tile count: the :data:`DENSE_TILES` shape with the least estimated
     time ``ceil(CTAs / NUM_SMS) * blocks per CTA / throughput`` (whole waves of one CTA per SM;
     ties to the first entry)."""
     n_out = n // 2 if epilogue == "swiglu" else n
     per_wg = 32 if epilogue == "swiglu" else 64
-    unroll = grouped and n * k >= GROUPED_UNROLL_MIN_WEIGHTS
     if grouped and (block_m, epilogue) in GROUPED_SMALL_TILES:
         return dict(row_wgs=1, split_k=1, stages=GROUPED_SMALL_TILES[block_m, epilogue],
-                    unroll=unroll)
+                    unroll=grouped_unroll(n, k, block_m, 1))
     if not (grouped or m_tiles is None or block_m not in DENSE_TILES):
         m_tiles = max(1, min(m_tiles, DENSE_MAX_M_TILES))
         best, best_time = None, 0.0
@@ -569,7 +573,18 @@ def _wgmma_fields(n, k, block_m, epilogue, has_bias, grouped, m_tiles) -> dict:
     # the most row warpgroups (of the preferred count, two, one) that divide N
     preferred = grouped_row_wgs(block_m, k) if grouped else 2
     row_wgs = next(r for r in (preferred, 2, 1) if n_out % (per_wg * r) == 0 or r == 1)
-    return dict(row_wgs=row_wgs, split_k=1, stages=0, unroll=unroll)
+    return dict(row_wgs=row_wgs, split_k=1, stages=0,
+                unroll=grouped and grouped_unroll(n, k, block_m, row_wgs))
+
+
+def grouped_unroll(n: int, k: int, block_m: int, row_wgs: int, beside: bool = False) -> bool:
+    """Whether a grouped WGMMA tile runs its consumers' k loop unrolled
+    (``WgmmaConfig.unroll``): at least :data:`GROUPED_UNROLL_MIN_WEIGHTS` weights per expert
+    (``N * K``), or ``beside`` a hot tile (only where the rank holds most of the slots, so the
+    expert count need not be known) unless the tile is in :data:`UNROLL_HALVES_OCCUPANCY`."""
+    if n * k >= GROUPED_UNROLL_MIN_WEIGHTS:
+        return True
+    return beside and (block_m, row_wgs) not in UNROLL_HALVES_OCCUPANCY
 
 
 def grouped_row_wgs(block_m: int, k: int) -> int:
@@ -853,14 +868,11 @@ def _hot_class(block_m: int, hidden_size: int, inter: int, permuted: bool) -> Ho
 
 def _sibling(plan: GemmPlan) -> GemmPlan:
     """``plan`` launched beside the previous kernel (``overlap='beside'``): a base tile
-    beside a hot one, which runs only where the rank holds most of the slots (EP 1 and 2).
-    Its k loop is unrolled there whatever :data:`GROUPED_UNROLL_MIN_WEIGHTS` says, except
-    for the 64-row two-warpgroup tile, which unrolled holds one CTA per SM instead of two
-    (DESIGN.md section 5, "The consumers' k loop unrolled")."""
+    beside a hot one, its k loop form by :func:`grouped_unroll` with ``beside``."""
     cfg = plan.config
     fields = dict(overlap="beside")
-    if plan.family == "wgmma" and not (cfg.block_m == 64 and cfg.row_wgs == 2):
-        fields["unroll"] = True
+    if plan.family == "wgmma":
+        fields["unroll"] = grouped_unroll(cfg.n, cfg.k, cfg.block_m, cfg.row_wgs, beside=True)
     return dataclasses.replace(plan, config=dataclasses.replace(cfg, **fields))
 
 
