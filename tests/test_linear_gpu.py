@@ -132,6 +132,65 @@ def test_kept_launches_equal_fresh_ones(wfrag):
         check_close(kept, ref, f"linear M={m} wfrag={wfrag}, kept launch")
 
 
+@pytest.mark.parametrize("wfrag", [False, True])
+def test_kept_launches_replay_graphs_exactly(wfrag, monkeypatch):
+    """Kept ``linear`` and ``mlp`` launches whose activations and outputs sit at an earlier
+    call's addresses replay the call from a CUDA graph (``eager_graphs.AddressGraphs``): new
+    activations written into the same tensor each call and each output freed before the
+    next call give outputs bitwise those of the same calls launched one by one
+    (``eager_graphs.ENABLED`` off), and graphs were captured, at token counts of the streamed
+    and the WGMMA families."""
+    from nvfp4_ops.kernels import eager_graphs
+
+    real_capture = eager_graphs.capture
+    lin_op = importlib.import_module("nvfp4_ops.ops.linear")
+    mlp_op = importlib.import_module("nvfp4_ops.ops.mlp")
+    gen = torch.Generator(device="cuda").manual_seed(31 + wfrag)
+    n, k, inter = 1536, 4096, 512
+    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
+    w13, s13, _ = random_nvfp4(2 * inter, k, gen)
+    w2, s2, g2 = random_nvfp4(k, inter, gen, per_row_global=False)
+    g13 = torch.tensor([0.004, 0.007], device="cuda")
+    plain = weight.clone()  # checkpoint order, for the reference
+    if wfrag:
+        for w in (weight, w13, w2):
+            nvfp4_ops.to_wfrag_(w)
+    for m in (1, 128):
+        xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+              for _ in range(5)]
+        x = torch.empty_like(xs[0])
+
+        def run_all(xs=xs, x=x):
+            outs = []
+            for xi in xs:
+                x.copy_(xi)
+                out = nvfp4_ops.linear(x, weight, weight_scale, global_scale, wfrag=wfrag)
+                out_mlp = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, 7.0, wfrag=wfrag)
+                outs += [out.clone(), out_mlp.clone()]
+                del out, out_mlp  # free: the next call may get the same addresses
+            return outs
+
+        lin_op._repeats.clear()
+        mlp_op._repeats.clear()
+        captured = []
+
+        def counted(launch, device, what, captured=captured):
+            captured.append(what)
+            return real_capture(launch, device, what)
+
+        monkeypatch.setattr(eager_graphs, "capture", counted)
+        got = run_all()
+        monkeypatch.setattr(eager_graphs, "capture", real_capture)
+        assert {"nvfp4.linear", "nvfp4.mlp"} <= set(captured), f"M={m}: captured {captured}"
+        monkeypatch.setattr(eager_graphs, "ENABLED", False)
+        want = run_all()
+        monkeypatch.setattr(eager_graphs, "ENABLED", True)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(g, w), f"M={m} call {i // 2} ({'mlp' if i % 2 else 'linear'})"
+        ref = linear_fp32(xs[-1], plain, weight_scale, global_scale)
+        check_close(got[-2], ref, f"linear M={m} wfrag={wfrag}, replayed graph")
+
+
 @pytest.mark.parametrize("n,k", [(7168, 18432), (1536, 4096)])
 def test_linear_per_tensor_and_per_channel_global(n, k):
     """The same weights with a per-tensor scalar (a stride-0 ``[1, 1, N]`` view) and a

@@ -845,10 +845,10 @@ def test_eager_bound_launches_follow_new_argument_kinds(flash):
 
 def test_eager_gemm_graphs_replay_exactly(flash, monkeypatch):
     """Repeated eager calls replay their GEMMs from the graph the first call captured
-    (``moe_cuda._gemm_graph``): bitwise what launching them one by one gives, with new
+    (``moe_cuda._EagerCall``): bitwise what launching them one by one gives, with new
     routing and activations, after the weights change in place (the graph reads them then),
     after a weight's storage moves (a new key, a new capture) and at another SwiGLU limit."""
-    from nvfp4_ops.kernels import moe_cuda
+    from nvfp4_ops.kernels import eager_graphs, moe_cuda
 
     num_tokens = 2
     kw = dict(global_num_experts=FLASH.experts)
@@ -869,15 +869,15 @@ def test_eager_gemm_graphs_replay_exactly(flash, monkeypatch):
         raw.copy_(torch.roll(raw, shift, dims=1))
 
     got = [run(calls[0])]
-    assert any(any(g is not None for _, g in e.graphs.values())
-               for e in moe_cuda._reused.values()), "the first eager call captured no graph"
+    assert any(c.gemm_graph is not None for e in moe_cuda._reused.values()
+               for c in e.calls.values()), "the first eager call captured no graph"
     got.append(run(calls[1]))
     roll_scales(1)
     got.append(run(calls[2]))
     experts.w2_global.data = experts.w2_global * 0.5  # the storage moves
     got.append(run(calls[0]))
     got.append(run(calls[1], limit=2.5))
-    monkeypatch.setattr(moe_cuda, "EAGER_GRAPHS", False)
+    monkeypatch.setattr(eager_graphs, "ENABLED", False)
     roll_scales(-1)
     experts.w2_global.data = experts.w2_global * 2.0
     want = [run(calls[0]), run(calls[1])]
@@ -889,6 +889,56 @@ def test_eager_gemm_graphs_replay_exactly(flash, monkeypatch):
         assert torch.equal(g, w), f"eager call {i}: graph replay != one-by-one launches"
     ref = moe_reference(*calls[1], *experts.args(), 0, 2.5, 1.0)
     assert_moe_close(got[-1], ref, "v4-flash T=2, graph-replayed GEMMs")
+
+
+def _whole_call_captures() -> int:
+    from nvfp4_ops.kernels import moe_cuda
+
+    return sum(c.whole.captures for e in moe_cuda._reused.values() for c in e.calls.values())
+
+
+def test_eager_whole_call_graphs_replay_exactly(flash, monkeypatch):
+    """Repeated eager calls whose inputs and output sit at an earlier call's addresses replay
+    the whole call (routing, gather, GEMMs, combine) from a graph
+    (``eager_graphs.AddressGraphs``): new activations and routing written into the same
+    tensors each call, each output freed before the next call, at T = 1 and 5 and with int32
+    and int64 ids: bitwise what the same calls give with the graphs off, and close to the
+    reference."""
+    from nvfp4_ops.kernels import eager_graphs
+
+    torch.manual_seed(12)
+    kw = dict(global_num_experts=FLASH.experts, swiglu_limit=FLASH.swiglu_limit)
+    for num_tokens in (1, 5):
+        rounds = [(_hidden(num_tokens, FLASH.hidden),
+                   *random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda"))
+                  for _ in range(6)]
+        for dtype in (torch.int64, torch.int32):
+            hidden = torch.empty_like(rounds[0][0])
+            ids = torch.empty(rounds[0][1].shape, dtype=dtype, device="cuda")
+            weights = torch.empty_like(rounds[0][2])
+
+            def run_all(rounds=rounds, hidden=hidden, ids=ids, weights=weights):
+                outs = []
+                for h, i, w in rounds:
+                    hidden.copy_(h)
+                    ids.copy_(i)
+                    weights.copy_(w)
+                    out = nvfp4_ops.moe(hidden, ids, weights, *flash.args(), **kw)
+                    outs.append(out.clone())
+                    del out  # free: the next call may get the same address
+                return outs
+
+            before = _whole_call_captures()
+            got = run_all()
+            assert _whole_call_captures() > before, (
+                f"T={num_tokens} {dtype}: no whole call was captured")
+            monkeypatch.setattr(eager_graphs, "ENABLED", False)
+            want = run_all()
+            monkeypatch.setattr(eager_graphs, "ENABLED", True)
+            for r, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert torch.equal(g, w), f"T={num_tokens} {dtype} call {r}: replay != launches"
+            ref = moe_reference(*rounds[-1], *flash.args(), 0, FLASH.swiglu_limit, 1.0)
+            assert_moe_close(got[-1], ref, f"v4-flash T={num_tokens}, whole-call graph")
 
 
 def test_eager_calls_of_large_size_allocate(flash):

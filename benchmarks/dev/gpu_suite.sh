@@ -10,8 +10,10 @@
 #   moe       the MoE-side GPU tests: moe, routing, load-time preparation, warm-up,
 #             validation, compile / AOT graphs
 #   mxfp4     the MXFP4 GPU tests (tests/test_mxfp4_gpu.py)
-#   profile   benchmarks/dev/host_split.py: an eager call's host time by function, and
-#             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call
+#   profile   benchmarks/dev/host_split.py: an eager call's host time by function,
+#             benchmarks/dev/launch_cost.py: host µs per Triton launch path and torch call, and
+#             benchmarks/dev/ab_eager_graph.py: eager calls with and without kept launches and
+#             their CUDA graphs
 #   dense     the dense GPU tests: linear, wfrag, stream-K
 #   eager     bench_overhead.py eager in three fresh processes (overhead_eager_<gpu>.json in $OUT,
 #             <gpu> = h100 / h200 from nvidia-smi)
@@ -88,7 +90,9 @@ for part in "$@"; do
       timeout -s KILL 300 python3 benchmarks/dev/host_split.py >"$out/host_split.log" 2>&1
       echo "== profile rc=$?"; cut -c1-110 "$out/host_split.log"
       timeout -s KILL 120 python3 benchmarks/dev/launch_cost.py >"$out/launch_cost.log" 2>&1
-      echo "== launch_cost rc=$?"; cat "$out/launch_cost.log" ;;
+      echo "== launch_cost rc=$?"; cat "$out/launch_cost.log"
+      timeout -s KILL 240 python3 benchmarks/dev/ab_eager_graph.py >"$out/ab_eager_graph.log" 2>&1
+      echo "== ab_eager_graph rc=$?"; cat "$out/ab_eager_graph.log" ;;
     dense)
       tests dense 540 tests/test_linear_gpu.py tests/test_wfrag.py tests/test_streamk.py ;;
     eager)  # the eager half of overhead only

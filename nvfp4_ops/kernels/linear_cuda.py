@@ -25,7 +25,7 @@ import torch
 
 from nvfp4_ops import _compile, _env
 from nvfp4_ops._weak import entry_refs
-from nvfp4_ops.kernels import dispatch
+from nvfp4_ops.kernels import dispatch, eager_graphs
 from nvfp4_ops.kernels.cute import w4a16_gemm, w4a16_stream, w4a16_wgmma
 from nvfp4_ops.kernels.dispatch import GemmPlan, WeightOrder
 
@@ -552,13 +552,30 @@ def linear_launch(x, weight, weight_scale, global_scale, bias, wfrag=False
         "linear", (weight, weight_scale, global_scale),
         lambda: (*kernel_weight(weight, weight_scale), global_rows(global_scale, weight)))
     gemm = bound_gemm(plan, w3, scale3, w_global, device, bias=_alias(bias))
+    graphs = _address_graphs((plan,), device, "nvfp4.linear")
 
     def launch(x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty((num_tokens, n))  # bf16 on x's device, as validated
-        gemm(_realigned(x), out)
+        a = _realigned(x)
+        if graphs is None:
+            gemm(a, out)
+        else:
+            graphs.run((a, out), lambda: gemm(a, out))
         return out
 
     return launch
+
+
+def _address_graphs(plans: tuple[GemmPlan, ...], device: torch.device,
+                    what: str) -> eager_graphs.AddressGraphs | None:
+    """The CUDA graphs that a kept launch of ``plans`` replays for calls whose activations and
+    outputs sit at the addresses of an earlier call's
+    (:class:`~nvfp4_ops.kernels.eager_graphs.AddressGraphs`; the plans, weights and scalars
+    are the launch's own); None where the launch allocates per call (stream-K's workspace)
+    or is not on CUDA."""
+    if device.type != "cuda" or any(p.streamk or p.config.grouped for p in plans):
+        return None
+    return eager_graphs.AddressGraphs(device, what)
 
 
 def linear(x, weight, weight_scale, global_scale, bias, wfrag=False):
@@ -588,12 +605,20 @@ def mlp_launch(x, w13, w13_scale, w13_global, w2, w2_scale, w2_global, swiglu_li
 
     gemm1 = bound_gemm(gate_up, w13_3, s13_3, g13, device, swiglu_limit=swiglu_limit)
     gemm2 = bound_gemm(down, w2_3, s2_3, g2, device)
+    graphs = _address_graphs(plans, device, "nvfp4.mlp")
+
+    def gemms(a: torch.Tensor, act: torch.Tensor, out: torch.Tensor) -> None:
+        gemm1(a, act)
+        gemm2(act, out)
 
     def launch(x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty((num_tokens, hidden))  # bf16 on x's device, as validated
         act = x.new_empty((num_tokens, inter))
-        gemm1(_realigned(x), act)
-        gemm2(act, out)
+        a = _realigned(x)
+        if graphs is None:
+            gemms(a, act, out)
+        else:
+            graphs.run((a, act, out), lambda: gemms(a, act, out))
         return out
 
     return launch

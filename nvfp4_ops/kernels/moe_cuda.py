@@ -71,8 +71,9 @@ be captured in a CUDA graph and replayed with new hidden states *and* new routin
 of a small size reuse their buffers (:func:`_call_buffers`) and the Triton launches bound to
 them (:class:`_EagerLaunches`): a repeat pays the launch key of its new inputs only. Their
 GEMMs, which read only those buffers and the weights, are replayed from a CUDA graph captured
-by the first such call (:func:`_gemm_graph`): one graph launch instead of two or four binary
-launches.
+after the first such call, and a call whose inputs and output sit at the addresses of an
+earlier one replays the whole call from a graph (:class:`_EagerCall`,
+:mod:`~nvfp4_ops.kernels.eager_graphs`): one graph launch instead of five to eight.
 
 Numerics differ from :func:`nvfp4_ops.reference.moe_reference` only in fp32 summation order and
 in rounding each slot's weighted expert output to bf16 before the fp32 combine (the reference
@@ -81,7 +82,6 @@ keeps it fp32; the contract allows either).
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -89,7 +89,7 @@ from typing import NamedTuple
 import torch
 
 from nvfp4_ops._validate import NVFP4InputError
-from nvfp4_ops.kernels import dispatch
+from nvfp4_ops.kernels import dispatch, eager_graphs
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
 from nvfp4_ops.kernels.linear_cuda import gated_kernel_weights, memo_views, run_gemm
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
@@ -153,71 +153,70 @@ class _EagerLaunches(NamedTuple):
 
 class _Reused:
     """One set of reused buffers, its size in bytes, its bound launches (built by the first
-    call that uses them) and the CUDA graphs of the GEMMs over them (:func:`_gemm_graph`)."""
+    call that uses them) and what repeated calls over them keep (:class:`_EagerCall`, one per
+    weights and scalars)."""
 
-    __slots__ = ("bufs", "nbytes", "launches", "graphs")
+    __slots__ = ("bufs", "nbytes", "launches", "calls")
 
     def __init__(self, bufs: MoEBuffers, nbytes: int) -> None:
         self.bufs, self.nbytes = bufs, nbytes
         self.launches: _EagerLaunches | None = None
-        #: graph key -> (plan, graph or None): the entry holds the plan, so its ``id`` in
-        #: the key cannot be reused by another plan while the entry exists
-        self.graphs: OrderedDict[tuple, tuple[MoEPlan, torch.cuda.CUDAGraph | None]] = (
-            OrderedDict())
+        self.calls: OrderedDict[tuple, _EagerCall] = OrderedDict()
 
 
-#: GEMM graphs kept per set of reused buffers (one per layer and plan: a model's MoE layers
-#: each have their own weights), least recently used dropped first
-_GRAPHS_MAX = 256
-#: replay eager calls' GEMMs from CUDA graphs (tests switch it off to compare)
-EAGER_GRAPHS = True
-_capture_streams: dict[int, torch.cuda.Stream] = {}
+class _EagerCall:
+    """What repeated eager calls over one set of reused buffers keep for one set of weights
+    and scalars (its key: :func:`_weights_key`, the SwiGLU limit, ``expert_start`` and
+    ``output_scale``): the GEMMs' launches over those buffers and their CUDA graph, captured
+    after the first call loaded the binaries
+    (:func:`~nvfp4_ops.kernels.eager_graphs.capture`), and the whole call's graphs keyed by
+    its per-call tensors' addresses (:class:`~nvfp4_ops.kernels.eager_graphs.AddressGraphs`).
+
+    Why it is exact: a graph holds the same launches with the same arguments, all of which
+    are in the key or are the reused buffers (and, for a whole call, the per-call tensors at
+    the addresses of its key); a replay reads whatever those addresses hold then (new
+    routing, activations, weight values updated in place), and a weight whose storage moved
+    gets a new key. The entry holds the plan, so the plan's ``id`` in the key cannot be reused
+    by another plan while the entry exists."""
+
+    __slots__ = ("plan", "launch_gemms", "device", "gemm_graph", "captured", "whole")
+
+    def __init__(self, plan: MoEPlan, launch_gemms: Callable[[], None],
+                 device: torch.device) -> None:
+        self.plan, self.launch_gemms, self.device = plan, launch_gemms, device
+        self.gemm_graph: torch.cuda.CUDAGraph | None = None
+        self.captured = False
+        self.whole = eager_graphs.AddressGraphs(device, "nvfp4.moe")
+
+    def gemms(self) -> None:
+        """The call's GEMMs: replayed from their graph where there is one (not inside a
+        capture of the whole call, which takes the launches themselves), else launched and,
+        after the first launch, captured for the next calls."""
+        capturing = eager_graphs.caller_capturing()
+        if self.gemm_graph is not None and eager_graphs.ENABLED and not capturing:
+            self.gemm_graph.replay()
+            return
+        self.launch_gemms()
+        if not self.captured and eager_graphs.ENABLED and not capturing:
+            self.captured = True
+            self.gemm_graph = eager_graphs.capture(self.launch_gemms, self.device, "nvfp4.moe")
+
+
+#: :class:`_EagerCall` entries kept per set of reused buffers (one per layer and scalars: a
+#: model's MoE layers each have their own weights), least recently used dropped first
+_CALLS_MAX = 256
 
 
 def _weights_key(plan: MoEPlan, views: tuple[torch.Tensor, ...]) -> tuple:
-    """What a GEMM graph over one set of reused buffers bakes in besides them and the SwiGLU
-    limit (its key is ``(this, swiglu_limit)``): the plan (its configs and sizes), the
-    weights' addresses and the global scales' view strides (one per half or per row), all
-    from their kernel-form ``views``. Codes and block scales are contiguous (the op checked
-    them), so their address and the plan's sizes fix them. A kept launch computes it once
-    (its plan and views are fixed: :func:`moe_launch`)."""
+    """What the GEMMs over one set of reused buffers bake in besides them and the SwiGLU
+    limit: the plan (its configs and sizes), the weights' addresses and the global scales'
+    view strides (one per half or per row), all from their kernel-form ``views``. Codes and
+    block scales are contiguous (the op checked them), so their address and the plan's sizes
+    fix them. A kept launch computes it once (its plan and views are fixed:
+    :func:`moe_launch`)."""
     w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
     return (id(plan), w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(),
             w13_rows.data_ptr(), w13_rows.stride(), w2_rows.data_ptr(), w2_rows.stride())
-
-
-def _gemm_graph(launch: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph | None:
-    """``launch()`` (the GEMM launches of one eager call, their binaries already loaded by that
-    call) captured into a CUDA graph on a side stream, for later calls to replay on theirs;
-    None (with a warning) if the capture fails, and those calls launch as before.
-
-    Why it is exact: the graph holds the same launches with the same arguments, all of which
-    are in its key (:func:`_weights_key` and the SwiGLU limit) or are the reused buffers it
-    belongs to; a replay reads whatever those addresses hold then (new routing, activations,
-    weight values updated in place), and a weight whose storage moved gets a new key. Why it
-    pays: an eager call's GEMMs otherwise cost ~5 µs of host time per binary launch plus the
-    weights' views, against ~3 µs for one graph launch."""
-    index = device.index
-    side = _capture_streams.get(index)
-    if side is None:
-        side = _capture_streams[index] = torch.cuda.Stream(device)
-    current = torch.cuda.current_stream(device)
-    side.wait_stream(current)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(side):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                launch()
-            finally:
-                graph.capture_end()
-    except Exception as exc:  # noqa: BLE001 - reported; the calls go on without a graph
-        warnings.warn(f"nvfp4.moe: capturing an eager call's GEMMs failed ({exc!r}); its "
-                      "later calls launch them one by one", RuntimeWarning, stacklevel=3)
-        return None
-    finally:
-        current.wait_stream(side)
-    return graph
 
 
 _reused: OrderedDict[tuple, _Reused] = OrderedDict()
@@ -332,44 +331,73 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     bufs, reused = _call_buffers(hidden.device, plan, top_k, num_slots, num_experts,
                                  hidden_size, inter, pdl)
     hot = plan.hot
-    launches = out = None
-    if reused is not None and num_slots <= FUSED_MAX_SLOTS:
-        # repeated eager calls: the launches bound to these buffers (_EagerLaunches)
-        out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
-        launches = reused.launches
-        if launches is None:
-            launches = reused.launches = _bind_launches(
-                bufs, plan, num_experts, hidden, topk_ids, topk_weights, expert_start, out,
-                output_scale, pdl)
-        routing = launches.routing
-        launches.route(topk_ids, expert_start)
-        launches.gather(hidden, topk_weights)
-    else:
+    if reused is None or gemm is not run_gemm:
         routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
                               buffers=bufs.routing, hot=hot.routing if hot is not None else None)
         gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                     out=(bufs.a, bufs.row_scale))
-    a, row_scale = bufs.a, bufs.row_scale
-    graph_key = None
-    if reused is not None and gemm is run_gemm and EAGER_GRAPHS:
-        # a repeated eager call: its GEMMs from the graph the first one captured
-        if weights_key is None:
-            weights_key = _weights_key(plan, views)
-        graph_key = (weights_key, swiglu_limit)
-        if graph_key in reused.graphs:
-            graph = reused.graphs[graph_key][1]
-            reused.graphs.move_to_end(graph_key)
-            if graph is not None:
-                graph.replay()
-                return _combine(launches, bufs.a, routing, out,
-                                num_tokens, top_k, output_scale, pdl)
+        _gemm_launches(plan, bufs, routing, views, swiglu_limit, gemm)()
+        return combine(bufs.a, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
+    # a repeated eager call (_Reused, _EagerCall)
+    if weights_key is None:
+        weights_key = _weights_key(plan, views)
+    key = (weights_key, swiglu_limit, expert_start, output_scale)
+    call = reused.calls.get(key)
+    if num_slots > FUSED_MAX_SLOTS:  # routing by the unfused kernels: GEMMs from their graph
+        routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
+                              buffers=bufs.routing, hot=hot.routing if hot is not None else None)
+        gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
+                    out=(bufs.a, bufs.row_scale))
+        _eager_call(reused, key, call, plan, bufs, routing, views, swiglu_limit,
+                    hidden.device).gemms()
+        return combine(bufs.a, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
+    launches = reused.launches
+    out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
+    if launches is None:
+        launches = reused.launches = _bind_launches(
+            bufs, plan, num_experts, hidden, topk_ids, topk_weights, expert_start, out,
+            output_scale, pdl)
+    call = _eager_call(reused, key, call, plan, bufs, launches.routing, views, swiglu_limit,
+                       hidden.device)
+    output_scale = float(output_scale)
+
+    def launch() -> None:
+        launches.route(topk_ids, expert_start)
+        launches.gather(hidden, topk_weights)
+        call.gemms()
+        launches.combine(out, output_scale)
+
+    # the ids' dtype picks the routing kernel's specialisation
+    call.whole.run((hidden, topk_ids, topk_weights, out), launch, (topk_ids.dtype,))
+    return out
+
+
+def _eager_call(reused: _Reused, key: tuple, call: _EagerCall | None, plan: MoEPlan,
+                bufs: MoEBuffers, routing: MoERouting, views: tuple, swiglu_limit: float | None,
+                device: torch.device) -> _EagerCall:
+    """``call`` (the entry of ``key`` in ``reused.calls``), made if it is None."""
+    if call is not None:
+        reused.calls.move_to_end(key)
+        return call
+    call = reused.calls[key] = _EagerCall(
+        plan, _gemm_launches(plan, bufs, routing, views, swiglu_limit, run_gemm), device)
+    while len(reused.calls) > _CALLS_MAX:
+        reused.calls.popitem(last=False)
+    return call
+
+
+def _gemm_launches(plan: MoEPlan, bufs: MoEBuffers, routing: MoERouting, views: tuple,
+                   swiglu_limit: float | None, gemm: Callable) -> Callable[[], None]:
+    """The call's grouped GEMMs over ``bufs`` as a function of no arguments: each GEMM once
+    per token tile, over the rows its tiles cover, the hot tile first, then the base tile
+    beside it (module docstring, "Two token tiles"). GEMM 2 writes over GEMM 1's input
+    (module docstring). No second check: the op validated the arguments and every buffer here
+    is built for the plan (contiguous; row slices start at a multiple of block_m rows, so
+    stay 16-byte aligned). With one tile the base tiles cover the whole buffer: no views
+    (each costs host time on an eager call)."""
     w13, w13_scale, w13_rows, w2, w2_scale, w2_rows = views
-    # each GEMM once per token tile, over the rows its tiles cover: the hot tile first, then
-    # the base tile beside it (module docstring, "Two token tiles"); no second check: the op
-    # validated the arguments and every buffer here is built for the plan (contiguous; row
-    # slices start at a multiple of block_m rows, so stay 16-byte aligned). With one tile the
-    # base tiles cover the whole buffer: no views (each costs host time on an eager call).
-    act, expert_out = bufs.act, a  # GEMM 2 writes over GEMM 1's input (module docstring)
+    a, act, row_scale = bufs.a, bufs.act, bufs.row_scale
+    hot = plan.hot
     if hot is None:
         tiles = [(plan.gate_up, plan.down, None, routing.tile_expert, routing.tile_rows)]
     else:
@@ -384,28 +412,11 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
                  tile_expert=tile_expert, tile_rows=tile_rows, row_scale=None,
                  swiglu_limit=swiglu_limit, check=False)
         for _, down, rows, tile_expert, tile_rows in tiles:
-            gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(expert_out, rows),
+            gemm(down, _rows(act, rows), w2, w2_scale, w2_rows, _rows(a, rows),
                  tile_expert=tile_expert, tile_rows=tile_rows,
                  row_scale=_rows(row_scale, rows), swiglu_limit=None, check=False)
 
-    launch_gemms()
-    if graph_key is not None:  # the first eager call of this key: capture for the next ones
-        reused.graphs[graph_key] = (plan, _gemm_graph(launch_gemms, hidden.device))
-        while len(reused.graphs) > _GRAPHS_MAX:
-            reused.graphs.popitem(last=False)
-    return _combine(launches, expert_out, routing, out, num_tokens,
-                    top_k, output_scale, pdl)
-
-
-def _combine(launches: _EagerLaunches | None, expert_out: torch.Tensor, routing: MoERouting,
-             out: torch.Tensor | None, num_tokens: int, top_k: int, output_scale: float,
-             pdl: bool) -> torch.Tensor:
-    """The op's last step: the bound combine launch into ``out`` where the call has bound
-    launches, else :func:`combine` into a fresh output."""
-    if launches is None:
-        return combine(expert_out, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
-    launches.combine(out, float(output_scale))
-    return out
+    return launch_gemms
 
 
 def _rows(t: torch.Tensor, rows: slice | None) -> torch.Tensor:
