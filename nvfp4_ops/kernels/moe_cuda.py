@@ -167,39 +167,42 @@ class _Reused:
 class _EagerCall:
     """What repeated eager calls over one set of reused buffers keep for one set of weights
     and scalars (its key: :func:`_weights_key`, the SwiGLU limit, ``expert_start`` and
-    ``output_scale``): the GEMMs' launches over those buffers and their CUDA graph, captured
-    after the first call loaded the binaries
-    (:func:`~nvfp4_ops.kernels.eager_graphs.capture`), and the whole call's graphs keyed by
-    its per-call tensors' addresses (:class:`~nvfp4_ops.kernels.eager_graphs.AddressGraphs`).
+    ``output_scale``): the CUDA graph of the GEMMs over those buffers, captured after the
+    first call loaded the binaries (:func:`~nvfp4_ops.kernels.eager_graphs.capture`), and the
+    whole call's graphs keyed by its per-call tensors' addresses
+    (:class:`~nvfp4_ops.kernels.eager_graphs.AddressGraphs`).
 
     Why it is exact: a graph holds the same launches with the same arguments, all of which
     are in the key or are the reused buffers (and, for a whole call, the per-call tensors at
     the addresses of its key); a replay reads whatever those addresses hold then (new
     routing, activations, weight values updated in place), and a weight whose storage moved
     gets a new key. The entry holds the plan, so the plan's ``id`` in the key cannot be reused
-    by another plan while the entry exists."""
+    by another plan while the entry exists; it holds no tensor (a graph keeps addresses), so
+    it keeps no weights alive."""
 
-    __slots__ = ("plan", "launch_gemms", "device", "gemm_graph", "captured", "whole")
+    __slots__ = ("plan", "device", "gemm_graph", "captured", "whole")
 
-    def __init__(self, plan: MoEPlan, launch_gemms: Callable[[], None],
-                 device: torch.device) -> None:
-        self.plan, self.launch_gemms, self.device = plan, launch_gemms, device
+    def __init__(self, plan: MoEPlan, device: torch.device) -> None:
+        self.plan, self.device = plan, device
         self.gemm_graph: torch.cuda.CUDAGraph | None = None
         self.captured = False
         self.whole = eager_graphs.AddressGraphs(device, "nvfp4.moe")
 
-    def gemms(self) -> None:
+    def gemms(self, make_launch: Callable[[], Callable[[], None]]) -> None:
         """The call's GEMMs: replayed from their graph where there is one (not inside a
         capture of the whole call, which takes the launches themselves), else launched and,
-        after the first launch, captured for the next calls."""
+        after the first launch, captured for the next calls. ``make_launch()`` makes their
+        launches (:func:`_gemm_launches`; made only when needed: a replay pays nothing for
+        them, and nothing here keeps the weights' views)."""
         capturing = eager_graphs.caller_capturing()
         if self.gemm_graph is not None and eager_graphs.ENABLED and not capturing:
             self.gemm_graph.replay()
             return
-        self.launch_gemms()
+        launch = make_launch()
+        launch()
         if not self.captured and eager_graphs.ENABLED and not capturing:
             self.captured = True
-            self.gemm_graph = eager_graphs.capture(self.launch_gemms, self.device, "nvfp4.moe")
+            self.gemm_graph = eager_graphs.capture(launch, self.device, "nvfp4.moe")
 
 
 #: :class:`_EagerCall` entries kept per set of reused buffers (one per layer and scalars: a
@@ -343,13 +346,18 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         weights_key = _weights_key(plan, views)
     key = (weights_key, swiglu_limit, expert_start, output_scale)
     call = reused.calls.get(key)
+    if call is None:
+        call = reused.calls[key] = _EagerCall(plan, hidden.device)
+        while len(reused.calls) > _CALLS_MAX:
+            reused.calls.popitem(last=False)
+    else:
+        reused.calls.move_to_end(key)
     if num_slots > FUSED_MAX_SLOTS:  # routing by the unfused kernels: GEMMs from their graph
         routing = moe_routing(topk_ids, num_experts, expert_start, plan.block_m, pdl=pdl,
                               buffers=bufs.routing, hot=hot.routing if hot is not None else None)
         gather_rows(hidden, topk_weights, routing, plan.act_order, pdl=pdl,
                     out=(bufs.a, bufs.row_scale))
-        _eager_call(reused, key, call, plan, bufs, routing, views, swiglu_limit,
-                    hidden.device).gemms()
+        call.gemms(lambda: _gemm_launches(plan, bufs, routing, views, swiglu_limit, run_gemm))
         return combine(bufs.a, routing.slot_row, num_tokens, top_k, output_scale, pdl=pdl)
     launches = reused.launches
     out = torch.empty(num_tokens, hidden_size, dtype=torch.bfloat16, device=hidden.device)
@@ -357,33 +365,20 @@ def _forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         launches = reused.launches = _bind_launches(
             bufs, plan, num_experts, hidden, topk_ids, topk_weights, expert_start, out,
             output_scale, pdl)
-    call = _eager_call(reused, key, call, plan, bufs, launches.routing, views, swiglu_limit,
-                       hidden.device)
     output_scale = float(output_scale)
+
+    def gemms() -> Callable[[], None]:
+        return _gemm_launches(plan, bufs, launches.routing, views, swiglu_limit, run_gemm)
 
     def launch() -> None:
         launches.route(topk_ids, expert_start)
         launches.gather(hidden, topk_weights)
-        call.gemms()
+        call.gemms(gemms)
         launches.combine(out, output_scale)
 
     # the ids' dtype picks the routing kernel's specialisation
     call.whole.run((hidden, topk_ids, topk_weights, out), launch, (topk_ids.dtype,))
     return out
-
-
-def _eager_call(reused: _Reused, key: tuple, call: _EagerCall | None, plan: MoEPlan,
-                bufs: MoEBuffers, routing: MoERouting, views: tuple, swiglu_limit: float | None,
-                device: torch.device) -> _EagerCall:
-    """``call`` (the entry of ``key`` in ``reused.calls``), made if it is None."""
-    if call is not None:
-        reused.calls.move_to_end(key)
-        return call
-    call = reused.calls[key] = _EagerCall(
-        plan, _gemm_launches(plan, bufs, routing, views, swiglu_limit, run_gemm), device)
-    while len(reused.calls) > _CALLS_MAX:
-        reused.calls.popitem(last=False)
-    return call
 
 
 def _gemm_launches(plan: MoEPlan, bufs: MoEBuffers, routing: MoERouting, views: tuple,
