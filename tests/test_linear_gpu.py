@@ -23,6 +23,9 @@ from nvfp4_ops.reference import linear_fp32, mlp_reference
 pytestmark = pytest.mark.gpu
 
 MS = [1, 7, 16, 64, 199, 1024, 8192]
+# the op modules (their kept launches: ops._eager.Repeats); the package exports the wrappers
+_LINEAR_OP = importlib.import_module("nvfp4_ops.ops.linear")
+_MLP_OP = importlib.import_module("nvfp4_ops.ops.mlp")
 NKS = [(4096, 4096), (7168, 18432), (18432, 7168), (1536, 4096)]
 
 
@@ -96,38 +99,47 @@ def test_repeated_eager_calls_follow_weight_updates():
     check("with a new block-scale tensor")
 
 
+def _kept_weights(gen: torch.Generator, wfrag: bool, k: int):
+    """The kept-launch tests' weights at K = ``k``: a ``linear`` (N = 1536: codes, block
+    scales, per-row globals, a bf16 bias), its codes in checkpoint order (for the reference),
+    and an ``mlp`` with I = 512 (``w13, s13, g13, w2, s2, g2``); ``wfrag``: codes prepared by
+    ``to_wfrag_``."""
+    n, inter = 1536, 512
+    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    w13, s13, _ = random_nvfp4(2 * inter, k, gen)
+    w2, s2, g2 = random_nvfp4(k, inter, gen, per_row_global=False)
+    g13 = torch.tensor([0.004, 0.007], device="cuda")
+    plain = weight.clone()
+    if wfrag:
+        for w in (weight, w13, w2):
+            nvfp4_ops.to_wfrag_(w)
+    return weight, weight_scale, global_scale, bias, plain, (w13, s13, g13, w2, s2, g2)
+
+
 @pytest.mark.parametrize("wfrag", [False, True])
 def test_kept_launches_equal_fresh_ones(wfrag):
     """Repeated eager calls run the launch their first call kept (``ops._eager.Repeats``):
     ``linear`` with a bias and ``mlp`` at two SwiGLU limits, at token counts of every dense
     family (streamed, stream-K WGMMA, WGMMA), new activations each call: bitwise what a call
     that prepares its launch afresh gives, and close to the reference."""
-    lin_op = importlib.import_module("nvfp4_ops.ops.linear")
-    mlp_op = importlib.import_module("nvfp4_ops.ops.mlp")
     gen = torch.Generator(device="cuda").manual_seed(23 + wfrag)
-    n, k, inter = 1536, 4096, 512
-    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
-    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
-    w13, s13, _ = random_nvfp4(2 * inter, k, gen)
-    w2, s2, g2 = random_nvfp4(k, inter, gen, per_row_global=False)
-    g13 = torch.tensor([0.004, 0.007], device="cuda")
-    plain = weight.clone()  # checkpoint order, for the reference
-    if wfrag:
-        for w in (weight, w13, w2):
-            nvfp4_ops.to_wfrag_(w)
+    k = 4096
+    weight, weight_scale, global_scale, bias, plain, (w13, s13, g13, w2, s2, g2) = (
+        _kept_weights(gen, wfrag, k))
     for m in (1, 16, 128, 300):
         for _ in range(3):  # the first call keeps its launch, the next two repeat it
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
             kept = nvfp4_ops.linear(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
-            lin_op._repeats.clear()
+            _LINEAR_OP._repeats.clear()
             fresh = nvfp4_ops.linear(x, weight, weight_scale, global_scale, bias, wfrag=wfrag)
             assert torch.equal(kept, fresh), f"linear M={m}: kept launch != fresh one"
             for limit in (7.0, 0.5):
                 kept_mlp = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, limit, wfrag=wfrag)
-                mlp_op._repeats.clear()
+                _MLP_OP._repeats.clear()
                 fresh_mlp = nvfp4_ops.mlp(x, w13, s13, g13, w2, s2, g2, limit, wfrag=wfrag)
                 assert torch.equal(kept_mlp, fresh_mlp), f"mlp M={m} L={limit}: kept != fresh"
-        assert len(lin_op._repeats) >= 1 and len(mlp_op._repeats) >= 1
+        assert len(_LINEAR_OP._repeats) >= 1 and len(_MLP_OP._repeats) >= 1
         ref = linear_fp32(x, plain, weight_scale, global_scale) + bias.float()
         check_close(kept, ref, f"linear M={m} wfrag={wfrag}, kept launch")
 
@@ -143,18 +155,10 @@ def test_kept_launches_replay_graphs_exactly(wfrag, monkeypatch):
     from nvfp4_ops.kernels import eager_graphs
 
     real_capture = eager_graphs.capture
-    lin_op = importlib.import_module("nvfp4_ops.ops.linear")
-    mlp_op = importlib.import_module("nvfp4_ops.ops.mlp")
     gen = torch.Generator(device="cuda").manual_seed(31 + wfrag)
-    n, k, inter = 1536, 4096, 512
-    weight, weight_scale, global_scale = random_nvfp4(n, k, gen)
-    w13, s13, _ = random_nvfp4(2 * inter, k, gen)
-    w2, s2, g2 = random_nvfp4(k, inter, gen, per_row_global=False)
-    g13 = torch.tensor([0.004, 0.007], device="cuda")
-    plain = weight.clone()  # checkpoint order, for the reference
-    if wfrag:
-        for w in (weight, w13, w2):
-            nvfp4_ops.to_wfrag_(w)
+    k = 4096
+    weight, weight_scale, global_scale, _, plain, (w13, s13, g13, w2, s2, g2) = (
+        _kept_weights(gen, wfrag, k))
     for m in (1, 128):
         xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
               for _ in range(5)]
@@ -170,8 +174,8 @@ def test_kept_launches_replay_graphs_exactly(wfrag, monkeypatch):
                 del out, out_mlp  # free: the next call may get the same addresses
             return outs
 
-        lin_op._repeats.clear()
-        mlp_op._repeats.clear()
+        _LINEAR_OP._repeats.clear()
+        _MLP_OP._repeats.clear()
         captured = []
 
         def counted(launch, device, what, captured=captured):
