@@ -168,7 +168,7 @@ def test_kept_launches_replay_graphs_exactly(wfrag, monkeypatch):
             # results copied into tensors made first: no allocation between the calls but
             # theirs, so each call's output (and mlp's intermediate) gets the address the
             # same call had before, as in a steady loop
-            outs = [None] * (2 * len(xs))
+            outs: list[torch.Tensor] = []
             for i, xi in enumerate(xs):
                 x.copy_(xi)
                 out = nvfp4_ops.linear(x, weight, weight_scale, global_scale, wfrag=wfrag)
