@@ -9,7 +9,8 @@ weight views, then the launch) against the registration call that repeats a kept
 (:class:`nvfp4_ops.ops._eager.Repeats`);
 for ``moe`` (V4-Flash, T = 1) only what comes before the first launch (checks, GPU check,
 kernel lookup and :func:`~nvfp4_ops.kernels.moe_cuda.moe_launch`, against the repeat's
-lookup), since its Triton kernels would run in the interpreter on a CPU; and a tvm-ffi call
+lookup, and of that the six weights' signature against reading their metadata alone), since
+its Triton kernels would run in the interpreter on a CPU; and a tvm-ffi call
 with a GEMM launch's twelve operands as torch tensors or as tvm-ffi tensors made once (what
 the binary's argument passing costs, ``testing.nop``). Best of seven
 rounds of ``--calls`` calls each; the host's speed is printed with them (200 dict lookups),
@@ -96,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         kernels.cuda_kernel("mlp")(xm, w13, s13, g13, w2, s2, g2, shape.swiglu_limit,
                                    wfrag=True)(xm)
 
+    from nvfp4_ops.ops import _eager
+
+    moe_weights = moe_args[3:9]
+
+    def read_weight_metadata():  # what a repeat's signature must read, nothing built
+        for t in moe_weights:
+            t.data_ptr(), t.dtype, t.shape, t.stride()
+
     lin_call = lambda: lin(x, w, ws, wg, None, True)  # noqa: E731
     mlp_call = lambda: mlp(xm, w13, s13, g13, w2, s2, g2, shape.swiglu_limit, True)  # noqa: E731
     lin_call(), mlp_call()
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         "mlp: repeat (kept launch)": mlp_call,
         "moe T=1 (V4-Flash): checked, to 1st launch": moe_first,
         "moe: repeat, to 1st launch": moe_repeat,
+        "moe repeat: its six weights' signature": lambda: _eager._weight_sig(moe_weights),
+        "moe repeat: their metadata read only": read_weight_metadata,
         "tvm-ffi call, 12 torch tensors": lambda: nop(*operands),
         "tvm-ffi call, 2 torch + 10 tvm-ffi tensors": lambda: nop(*operands[:2],
                                                                   *ffi_operands[2:]),

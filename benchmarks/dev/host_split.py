@@ -2,11 +2,12 @@
 
 Wraps the functions an eager ``nvfp4_ops.moe`` / ``nvfp4_ops.linear`` call passes through
 with ``perf_counter_ns`` timers (inclusive times: a wrapped function's time includes the
-wrapped functions it calls), runs ``--calls`` eager calls of each case of
-``bench_overhead.py`` and prints the mean µs per call of each wrapped function, next to the
-whole call's host time with and without the wrappers (their own cost shows as the
-difference). Triton launches are timed per kernel (``JITFunction.run`` and
-``_launch.Launcher``); CuTeDSL binaries through the callable ``linear_cuda.compiled`` returns.
+wrapped functions it calls; the CUDA graphs' replays and the output allocations included),
+runs ``--calls`` eager calls of each case of ``bench_overhead.py`` and prints the mean µs per
+call of each wrapped function, next to the whole call's host time with and without the
+wrappers (their own cost shows as the difference). Triton launches are timed per kernel
+(``JITFunction.run`` and ``_launch.Launcher``); CuTeDSL binaries through the callable
+``linear_cuda.compiled`` returns.
 
     python benchmarks/dev/host_split.py [--calls 500]
 """
@@ -71,6 +72,10 @@ def install() -> None:
         ("nvfp4_ops.kernels.linear_cuda", "memo_views"),
         ("nvfp4_ops.kernels.moe_cuda", "memo_views"),
         ("nvfp4_ops.kernels.linear_cuda", "streamk_workspace"),
+        ("nvfp4_ops.kernels.linear_cuda", "_realigned"),
+        ("nvfp4_ops.ops.linear", "_linear_cuda"),
+        ("nvfp4_ops.ops.moe", "_moe_cuda"),
+        ("nvfp4_ops.kernels.eager_graphs", "caller_capturing"),
     ]:
         try:
             _patch(module, attr)
@@ -81,6 +86,14 @@ def install() -> None:
 
     for method in ("find", "keep"):
         setattr(Repeats, method, _timed(f"_eager.Repeats.{method}", getattr(Repeats, method)))
+    # the CUDA graphs repeated calls replay (kernels/eager_graphs.py), and the output
+    # allocation every call makes
+    from nvfp4_ops.kernels.eager_graphs import AddressGraphs
+
+    AddressGraphs.run = _timed("eager_graphs.AddressGraphs.run", AddressGraphs.run)
+    torch.cuda.CUDAGraph.replay = _timed("torch.cuda.CUDAGraph.replay",
+                                         torch.cuda.CUDAGraph.replay)
+    torch.Tensor.new_empty = _timed("torch.Tensor.new_empty", torch.Tensor.new_empty)
     # moe_forward binds its GEMM launcher as a default argument
     kw = moe_cuda.moe_forward.__wrapped__.__kwdefaults__
     kw["gemm"] = linear_cuda.run_gemm
