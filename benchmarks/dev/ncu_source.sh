@@ -4,7 +4,9 @@
 # The arguments are those of `benchmarks/dev/profile_gemm.py` (default: the dispatched linear
 # at (18432, 7168), M = 16). Nsight Compute --set full with unlocked clocks, then its source
 # page as CSV and the 40 most sampled instructions with their top 3 stall reasons. Output
-# under $OUT/src (or ./ncu_out/src). Usage:
+# under $OUT/src (or ./ncu_out/src). NCU_SKIP: launches of W4A16 kernels skipped before the
+# profiled one (default 2: the second linear call, or GEMM 1 of the second moe call; 3 for
+# that call's GEMM 2). Usage:
 #   source .device/prelude.sh && bash benchmarks/dev/ncu_source.sh [linear 18432 7168 16]
 set -u
 out="${OUT:-ncu_out}/src"
@@ -13,8 +15,9 @@ NCU="${NCU:-/usr/local/cuda/bin/ncu}"
 export NVFP4_OPS_CACHE_DIR="${NVFP4_OPS_CACHE_DIR:-/tmp/nvfp4_cache}"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(linear 18432 7168 16)
-name="$(IFS=_; echo "${args[*]}" | tr -c 'A-Za-z0-9_.\n-' '_')"
-timeout -s KILL 300 "$NCU" --clock-control none --kernel-name regex:W4A16 --launch-skip 2 \
+skip="${NCU_SKIP:-2}"
+name="$(IFS=_; echo "${args[*]}" | tr -c 'A-Za-z0-9_.\n-' '_')_skip$skip"
+timeout -s KILL 300 "$NCU" --clock-control none --kernel-name regex:W4A16 --launch-skip "$skip" \
   --launch-count 1 --set full -f -o "/tmp/$name" \
   python3 benchmarks/dev/profile_gemm.py "${args[@]}" > "$out/${name}_prof.txt" 2>&1
 echo "$name profile rc=$?"
