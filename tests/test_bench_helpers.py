@@ -376,6 +376,23 @@ def test_results_readme_moe_tables_are_the_committed_results():
         assert table.strip() in readme, table.splitlines()[2]
 
 
+def test_moe_tables_say_what_the_lead_would_take(tmp_path):
+    """``moe_tables.py``'s summary gives, for each cell short of 1.2x Humming, the share of
+    its roofline that 1.2x Humming's time would reach; cells at 1.2x or more are not listed."""
+    def row(t, ours, humming, roof):
+        return {"ep": 1, "routing": "uniform", "T": t, "ours_us": ours, "humming_us": humming,
+                "roofline_us": roof, "speedup_vs_humming": humming / ours}
+    rows = [row(8, 90.0, 100.0, 50.0), row(32, 50.0, 100.0, 40.0)]
+    (tmp_path / "bench_moe_nvfp4_v4-pro.json").write_text(json.dumps({"rows": rows}))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/dev/moe_tables.py"), "--dir",
+                          str(tmp_path), "--shapes", "v4-pro"], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert "1.2x Humming, where not met (1 cells)" in out
+    # 1.2 * 50 / 100 = 60 % of the roofline; ours 50 / 90 = 56 %, Humming 50 %
+    assert "EP 1 uniform T = 8: 60 % (56, 50)" in out
+    assert "T = 32:" not in out.split("where not met")[1]
+
+
 def test_with_config_fields_sets_only_matching_gemms():
     """``with_config_fields``: the fields go on every GEMM of a MoE plan whose config has them
     (the hot tile's included), or only on those whose config has the ``where`` values; the
