@@ -55,13 +55,17 @@ def kernel_events(prof) -> list[tuple[str, float, float]]:
 
 
 def split_replays(events, is_flush) -> list[list[tuple[str, float, float]]]:
-    """The op's kernels of each replay: the kernels between two flush kernels."""
+    """The op's kernels of each replay: the kernels between two flush kernels (a memset
+    right before a flush kernel is the flush's: torch's multi-block reduction clears its
+    semaphores first)."""
     calls, cur = [], None
-    for ev in events:
+    for i, ev in enumerate(events):
         if is_flush(ev[0]):
             if cur:
                 calls.append(cur)
             cur = []
+        elif ev[0].startswith("Memset") and i + 1 < len(events) and is_flush(events[i + 1][0]):
+            continue
         elif cur is not None:
             cur.append(ev)
     if cur:
