@@ -105,10 +105,10 @@ from nvfp4_ops.shapes import MoEShape, get_shape
 from nvfp4_ops.testing import (
     MXFP4_BYTES_PER_WEIGHT,
     NVFP4_BYTES_PER_WEIGHT,
+    cell_routing,
     ep_slice,
     fast_random_experts,
     fast_random_mxfp4_experts,
-    make_routing,
     moe_cost,
     rel_l2,
 )
@@ -320,9 +320,8 @@ def routing_for(shape: MoEShape, routing: str, num_tokens: int,
                 args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     """The cell's global routing (CPU, reproducible: the same for every EP degree, format and
     run with this seed)."""
-    seed = args.seed * 100_003 + num_tokens * 2 + (routing == "skew")
-    return make_routing(routing, num_tokens, shape.experts, shape.top_k, skew=args.skew,
-                        seed=seed)
+    return cell_routing(routing, num_tokens, shape.experts, shape.top_k, skew=args.skew,
+                        seed=args.seed)
 
 
 def cost_fields(shape: MoEShape, cell: Cell, ids: torch.Tensor) -> dict:
@@ -854,8 +853,7 @@ def _rank_shape(rank, world, shape, cfg, flush, dist) -> list[dict]:
     nvfp4_ops.warmup([shape.name])
     rows = []
     for num_tokens in cfg["tokens"]:
-        ids, weights = make_routing("uniform", num_tokens, e, shape.top_k,
-                                    seed=cfg["seed"] * 100_003 + num_tokens * 2)
+        ids, weights = cell_routing("uniform", num_tokens, e, shape.top_k, seed=cfg["seed"])
         gen = torch.Generator().manual_seed(cfg["seed"] * 7 + num_tokens)
         hidden = torch.randn(num_tokens, h, generator=gen).to(torch.bfloat16).to(dev)
         ids, weights = ids.to(dev), weights.to(dev)

@@ -533,6 +533,19 @@ def make_routing(kind: str, num_tokens: int, num_experts: int, top_k: int, *,
     raise ValueError(f"make_routing: kind must be 'uniform' or 'skew', got {kind!r}")
 
 
+def cell_routing(kind: str, num_tokens: int, num_experts: int, top_k: int, *,
+                 skew: float = 1.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The benchmarks' routing of one cell: :func:`make_routing` (CPU, int32 ids) with the
+    seed ``seed * 100_003 + 2 T + (kind == "skew")``, so a cell routes alike in every EP
+    degree, format, tool and run with this ``seed``, and cells of other T or routing differ.
+
+    Raises:
+        ValueError: as :func:`make_routing`.
+    """
+    return make_routing(kind, num_tokens, num_experts, top_k, skew=skew,
+                        seed=seed * 100_003 + num_tokens * 2 + (kind == "skew"))
+
+
 def ep_slice(num_experts: int, ep: int, rank: int | None = None) -> tuple[int, int]:
     """``(expert_start, local_experts)`` of rank ``rank`` (default ``ep // 2``, a rank in the
     middle) when ``num_experts`` experts are split into ``ep`` contiguous equal ranges.

@@ -21,6 +21,7 @@ from nvfp4_ops.testing import (
     MXFP4_BYTES_PER_WEIGHT,
     NVFP4_BYTES_PER_WEIGHT,
     align_block_routing,
+    cell_routing,
     contiguous_routing,
     ep_slice,
     expert_popularity,
@@ -101,6 +102,17 @@ def test_make_routing_dispatches_and_refuses():
 
 
 # --- expert-parallel slices and the roofline ----------------------------------------------
+
+def test_cell_routing_is_one_seed_rule_per_cell():
+    """``cell_routing``: ``make_routing`` with the benchmarks' per-cell seed, the same for
+    every call of a cell, different between T and routings."""
+    a = cell_routing("uniform", 8, 64, 6, seed=3)
+    assert torch.equal(a[0], make_routing("uniform", 8, 64, 6, seed=3 * 100_003 + 16)[0])
+    assert torch.equal(a[0], cell_routing("uniform", 8, 64, 6, seed=3)[0])
+    b = cell_routing("skew", 8, 64, 6, seed=3)
+    assert torch.equal(b[0], make_routing("skew", 8, 64, 6, seed=3 * 100_003 + 17)[0])
+    assert not torch.equal(a[0], b[0])
+
 
 def test_ep_slice():
     assert ep_slice(256, 1) == (0, 256)
@@ -381,7 +393,9 @@ def test_moe_tables_say_what_the_lead_would_take(tmp_path):
     its roofline that 1.2x Humming's time would reach; cells at 1.2x or more are not listed."""
     def row(t, ours, humming, roof):
         return {"ep": 1, "routing": "uniform", "T": t, "ours_us": ours, "humming_us": humming,
-                "roofline_us": roof, "speedup_vs_humming": humming / ours}
+                "roofline_us": roof, "speedup_vs_humming": humming / ours,
+                "ours_pct_roofline": 100 * roof / ours,
+                "humming_pct_roofline": 100 * roof / humming}
     rows = [row(8, 90.0, 100.0, 50.0), row(32, 50.0, 100.0, 40.0)]
     (tmp_path / "bench_moe_nvfp4_v4-pro.json").write_text(json.dumps({"rows": rows}))
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks/dev/moe_tables.py"), "--dir",
