@@ -33,7 +33,7 @@ import torch
 _REPO = Path(__file__).resolve().parents[1]
 
 __all__ = ["L2_FLUSH_BYTES", "capture", "l2_flush", "replay_median_us", "time_chained",
-           "time_one_call"]
+           "time_one_call", "warm_capture"]
 
 #: flush buffer size: 256 MiB, four to five times the L2 of an H100 / H200
 L2_FLUSH_BYTES = 256 * 2**20
@@ -85,11 +85,11 @@ def l2_flush(mode: str = "read", nbytes: int = L2_FLUSH_BYTES,
     return lambda: torch.amax(buf)
 
 
-def _graph_median_us(fn: Callable[[], object], calls: int, iters: int,
-                     flush: Callable[[], object] | None, warmup: int) -> float:
-    """Median µs per call of a CUDA graph of ``calls`` back-to-back calls of ``fn``, ``flush``
-    before every timed replay; ``fn`` runs ``warmup`` times eagerly on a side stream first
-    (compiles, loads modules, fills allocator pools)."""
+def warm_capture(fn: Callable[[], object], calls: int = 1,
+                 warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, replayed once: ``fn`` runs
+    ``warmup`` times eagerly on a side stream first (compiles, loads modules, fills allocator
+    pools), so nothing compiles inside the capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -100,6 +100,14 @@ def _graph_median_us(fn: Callable[[], object], calls: int, iters: int,
     graph = capture([fn] * calls)
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def _graph_median_us(fn: Callable[[], object], calls: int, iters: int,
+                     flush: Callable[[], object] | None, warmup: int) -> float:
+    """Median µs per call of a CUDA graph of ``calls`` back-to-back calls of ``fn``, ``flush``
+    before every timed replay (:func:`warm_capture`)."""
+    graph = warm_capture(fn, calls, warmup)
     us = replay_median_us(graph, iters, calls_per_replay=calls, before_each=flush)
     del graph
     return us
