@@ -4,9 +4,9 @@ Reads `bench_moe_{nvfp4,mxfp4}_{shape}.json` (written by `python benchmarks/benc
 --format nvfp4 mxfp4 --out-dir DIR`) and prints, per shape, the README's markdown table (µs
 of the uniform EP 1 row, ratios against Humming and bf16 per routing and EP slice), then a
 summary: cells ahead of Humming, cells at 1.2× or more, the cells behind, the share of the
-roofline 1.2× Humming would take in the cells short of it (the eight highest), the absolute targets
-(V4-Flash T = 1 / 8 µs, EP 8 roofline share) and the MXFP4 cells slower than NVFP4 in the same
-run. With ``--detail``, the results README's per-shape tables instead. No GPU.
+roofline 1.2× Humming would take in the cells short of it (the eight highest), the absolute
+targets (V4-Flash T = 1 / 8 µs, EP 8 roofline share) and the MXFP4 cells slower than NVFP4
+in the same run. With ``--detail``, the results README's per-shape tables instead. No GPU.
 
     python benchmarks/dev/moe_tables.py --dir benchmarks/results [--detail]
 """
@@ -110,28 +110,24 @@ def summary(name: str, cells: dict) -> list[str]:
 
 def needed(cells: dict, lead: float = 1.2) -> list[str]:
     """What ``lead`` x Humming would take where ours is short of it: the share of the cell's
-    roofline (``roofline_us``: touched weight bytes at 4.1 TB/s or FLOPs at 790 TFLOP/s) that
-    a time of Humming's / ``lead`` reaches, against the share ours and Humming reach now: how
-    close to the memory (or tensor) ceiling the target sits, not only how far ours is from
-    it."""
+    roofline (``bench_moe``'s ``*_pct_roofline``: touched weight bytes at 4.1 TB/s or FLOPs
+    at 790 TFLOP/s) that a time of Humming's / ``lead`` reaches, against the share ours and
+    Humming reach now: how close to the memory (or tensor) ceiling the target sits, not only
+    how far ours is from it."""
     short = sorted(((k, r) for k, r in cells.items()
-                    if r.get("speedup_vs_humming") is not None and r.get("roofline_us")
-                    and r.get("humming_us") and r["speedup_vs_humming"] < lead),
-                   key=lambda kr: -r_share(kr[1], lead))
+                    if r.get("speedup_vs_humming") is not None
+                    and r.get("humming_pct_roofline") and r.get("ours_pct_roofline")
+                    and r["speedup_vs_humming"] < lead),
+                   key=lambda kr: -lead * kr[1]["humming_pct_roofline"])
     if not short:
         return []
     out = [f"  {lead}x Humming, where not met ({len(short)} cells): % of the roofline it takes"
            f" (ours now, Humming now)"]
-    out += [f"    EP {ep} {routing} T = {t}: {r_share(r, lead):.0f} % "
-            f"({100 * r['roofline_us'] / r['ours_us']:.0f}, "
-            f"{100 * r['roofline_us'] / r['humming_us']:.0f})"
+    # a time of Humming's / lead reaches lead times Humming's share of the roofline
+    out += [f"    EP {ep} {routing} T = {t}: {lead * r['humming_pct_roofline']:.0f} % "
+            f"({r['ours_pct_roofline']:.0f}, {r['humming_pct_roofline']:.0f})"
             for (ep, routing, t), r in short[:8]]
     return out
-
-
-def r_share(row: dict, lead: float) -> float:
-    """% of the roofline a time of ``humming_us / lead`` reaches."""
-    return 100 * lead * row["roofline_us"] / row["humming_us"]
 
 
 def targets(shape: str, cells: dict) -> list[str]:

@@ -16,7 +16,8 @@ Needs a CUDA GPU::
     python benchmarks/dev/moe_timeline.py --shapes v4-flash v4-pro --tokens 1 8 32 --ep 1 8
 
 Weights: random NVFP4 experts of the rank's slice only (``fast_random_experts``), codes in the
-``wperm`` order, as ``bench_moe`` builds them; routing: ``make_routing`` over all experts.
+``wperm`` order, as ``bench_moe`` builds them; routing: ``bench_moe``'s for the cell
+(``nvfp4_ops.testing.cell_routing``) over all experts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _timing import capture, git_commit, l2_flush, replay_median_us  # noqa: E402
+from _timing import git_commit, l2_flush, replay_median_us, warm_capture  # noqa: E402
 
 #: kernel-name fragments -> the stage they belong to (the first match wins)
 STAGES = (("W4A16", "gemm"), ("w4a16", "gemm"), ("_fused_routing", "routing"),
@@ -93,15 +94,14 @@ def summarize(calls) -> list[tuple[str, float, float, float, float]]:
 
 def run_cell(shape, ep: int, num_tokens: int, routing: str, reps: int, flush, seed: int) -> None:
     import nvfp4_ops
-    from nvfp4_ops.testing import ep_slice, fast_random_experts, make_routing
+    from nvfp4_ops.testing import cell_routing, ep_slice, fast_random_experts
 
     start, local = ep_slice(shape.experts, ep)
     q = fast_random_experts(local, shape.hidden, shape.intermediate, device="cuda", seed=seed,
                             first_expert=start, shared_gate_up_global=True)
     nvfp4_ops.to_wperm_(q.w13)
     nvfp4_ops.to_wperm_(q.w2)
-    ids, weights = make_routing(routing, num_tokens, shape.experts, shape.top_k,
-                                seed=seed * 100_003 + num_tokens * 2 + (routing == "skew"))
+    ids, weights = cell_routing(routing, num_tokens, shape.experts, shape.top_k, seed=seed)
     ids, weights = ids.cuda(), weights.cuda()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     hidden = torch.randn(num_tokens, shape.hidden, device="cuda", generator=gen).to(
@@ -113,16 +113,7 @@ def run_cell(shape, ep: int, num_tokens: int, routing: str, reps: int, flush, se
                              global_num_experts=shape.experts, swiglu_limit=shape.swiglu_limit,
                              output_scale=1.0, wperm=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = capture([call])
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = warm_capture(call, warmup=3)
     event_us = replay_median_us(graph, reps, before_each=flush)
 
     from torch.profiler import ProfilerActivity, profile
