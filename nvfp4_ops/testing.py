@@ -316,6 +316,7 @@ __all__ += [
     "humming_tuning_subset",
     "moe_cost",
     "make_routing",
+    "routing_mismatch",
     "skewed_routing",
     "spread_mxfp4",
     "uniform_routing",
@@ -688,6 +689,34 @@ def contiguous_routing(topk_ids: torch.Tensor, *, expert_start: int = 0,
                                               device=topk_ids.device)
     return offsets, inverse.reshape(topk_ids.shape)
 
+
+
+def routing_mismatch(got, want, topk_ids: torch.Tensor, expert_start: int) -> str | None:
+    """What differs between two :class:`~nvfp4_ops.kernels.triton.moe_routing.MoERouting` of
+    the same ``topk_ids`` (``None``: the same routing), up to the order of the slots inside an
+    expert's segment (atomics place them): offsets, tile lists and padding rows equal, the same
+    slots local, each local slot's row inside its own expert's segment, and ``sorted_slots``
+    the inverse of ``slot_row``. Base tiles only (no hot class)."""
+    for name in ("expert_offsets", "tile_expert", "tile_rows"):
+        if not torch.equal(getattr(got, name), getattr(want, name)):
+            return name
+    num_slots = got.slot_row.numel()
+    if not torch.equal(got.sorted_slots == num_slots, want.sorted_slots == num_slots):
+        return "padding rows (sorted_slots sentinel)"
+    num_local = got.expert_offsets.numel() - 1
+    local = topk_ids.reshape(-1).to(got.slot_row.device).long() - expert_start
+    is_local = (local >= 0) & (local < num_local)
+    if not torch.equal(got.slot_row >= 0, is_local):
+        return "which slots are local (slot_row)"
+    slots = is_local.nonzero().flatten()
+    rows = got.slot_row[slots].long()
+    if not torch.equal(got.sorted_slots[rows].long(), slots):
+        return "sorted_slots is not the inverse of slot_row"
+    offsets = got.expert_offsets.long()
+    experts = local[slots]
+    if not bool(((offsets[experts] <= rows) & (rows < offsets[experts + 1])).all()):
+        return "a slot outside its expert's segment"
+    return None
 
 # ---------------------------------------------------------------- multi-GPU runs
 

@@ -25,13 +25,18 @@ def kernels(request):
     return request.param, moe_routing, moe_combine
 
 
-@pytest.fixture(params=["fused", "multi"])
+@pytest.fixture(params=["fused", "fused_one_warp", "multi"])
 def routing_path(request, monkeypatch):
-    """Run a routing test through the one-CTA kernel and through the four-launch path."""
+    """Run a routing test through the one-CTA kernel (at its warps and at one warp, compiled
+    only: the interpreter has no warps) and through the four-launch path."""
     from nvfp4_ops.kernels.triton import moe_routing
 
     if request.param == "multi":
         monkeypatch.setattr(moe_routing, "FUSED_MAX_SLOTS", -1)
+    if request.param == "fused_one_warp":
+        if INTERPRETED:
+            pytest.skip("Triton's interpreter has no warps: the same run as 'fused'")
+        monkeypatch.setattr(moe_routing, "FUSED_NUM_WARPS", 1)
     return request.param
 
 
@@ -269,6 +274,42 @@ def test_routing_zero_tokens(kernels, routing_path):
     assert routing.sorted_slots.numel() == 0 and routing.slot_row.numel() == 0
     assert routing.expert_offsets.cpu().tolist() == [0] * 17
 
+
+
+def test_routing_mismatch_names_what_differs(kernels):
+    """``testing.routing_mismatch`` (what ``benchmarks/dev/routing_warps.py`` checks each warp
+    count with): the one-CTA and the four-launch routing agree; each broken field is named."""
+    from nvfp4_ops.testing import routing_mismatch, uniform_routing
+
+    device, routing_mod, _ = kernels
+    ids, _ = uniform_routing(16, 64, 6, seed=3)
+    ids = ids.to(device)
+    fused = routing_mod.moe_routing(ids, 16, 8, 8, fused=True)
+    multi = routing_mod.moe_routing(ids, 16, 8, 8, fused=False)
+    assert routing_mismatch(fused, multi, ids, 8) is None
+
+    rows = fused.tile_rows.clone()
+    rows[0] += 1
+    assert routing_mismatch(fused._replace(tile_rows=rows), multi, ids, 8) == "tile_rows"
+    slot_row = fused.slot_row.clone()
+    first_local = int((slot_row >= 0).nonzero()[0])
+    slot_row[first_local] = -1
+    assert "which slots are local" in routing_mismatch(fused._replace(slot_row=slot_row),
+                                                       multi, ids, 8)
+    # two local slots of different experts trade rows: still inverse maps, wrong segments
+    local = (ids.reshape(-1).long() - 8).cpu()
+    slots = [s for s in range(ids.numel()) if 0 <= int(local[s]) < 16]
+    s1 = slots[0]
+    s2 = next(s for s in slots if int(local[s]) != int(local[s1]))
+    slot_row, sorted_slots = fused.slot_row.clone(), fused.sorted_slots.clone()
+    r1, r2 = int(slot_row[s1]), int(slot_row[s2])
+    slot_row[s1], slot_row[s2] = r2, r1
+    sorted_slots[r1], sorted_slots[r2] = s2, s1
+    swapped = fused._replace(slot_row=slot_row, sorted_slots=sorted_slots)
+    assert routing_mismatch(swapped, multi, ids, 8) == "a slot outside its expert's segment"
+    sorted_slots = fused.sorted_slots.clone()
+    sorted_slots[r1] = s2
+    assert "inverse" in routing_mismatch(fused._replace(sorted_slots=sorted_slots), multi, ids, 8)
 
 def test_padded_rows_bound():
     from nvfp4_ops.kernels.triton.moe_routing import padded_rows

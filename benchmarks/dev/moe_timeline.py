@@ -150,11 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", nargs="+", default=["uniform"], choices=("uniform", "skew"))
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--routing-warps", type=int, default=0,
+                   help="run the one-CTA routing kernel at this many warps instead of "
+                        "moe_routing.FUSED_NUM_WARPS (an A/B: one process per value)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_timeline.py needs a CUDA GPU", file=sys.stderr)
         return 2
     import nvfp4_ops
+
+    if args.routing_warps:
+        from nvfp4_ops.kernels.triton import moe_routing
+
+        moe_routing.FUSED_NUM_WARPS = args.routing_warps
 
     print(f"# {' '.join(sys.argv)}\n# tree {git_commit()}, {torch.cuda.get_device_name()}")
     flush = l2_flush("read")

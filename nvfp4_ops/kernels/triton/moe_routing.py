@@ -76,6 +76,7 @@ from nvfp4_ops.orders.kperm import NATURAL, layout_block
 
 __all__ = [
     "FUSED_MAX_SLOTS",
+    "FUSED_NUM_WARPS",
     "MAX_EXPERTS",
     "HotClass",
     "MoERouting",
@@ -97,6 +98,10 @@ MAX_EXPERTS = 512
 #: up to this many slots (T*k) the whole routing runs in one CTA, one launch instead of four
 #: (a memset and three kernels); decode latency is dominated by launches, not work.
 FUSED_MAX_SLOTS = 4096
+#: warps of the one-CTA kernel. At one warp its reductions over the experts (the scan) would
+#: need no shared memory and no CTA barrier (PTX: 3 barriers instead of 14); not yet timed:
+#: ``benchmarks/dev/routing_warps.py`` compares the two.
+FUSED_NUM_WARPS = 8
 
 
 def hot_experts_bound(num_slots: int, num_experts: int, hot: HotClass | None) -> int:
@@ -441,7 +446,7 @@ def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
             sorted_slots, slot_row, topk_ids.numel(), expert_start, num_experts,
             sorted_slots.shape[0], tile_expert.shape[0], *hot_args, _e_pad(num_experts),
             block_m, block_m if hot is None else hot.block_m, _FILL_BLOCK, _COUNT_BLOCK, pdl)
-    return result, Launch(_fused_routing, (1, 1, 1), args, {"num_warps": 8})
+    return result, Launch(_fused_routing, (1, 1, 1), args, {"num_warps": FUSED_NUM_WARPS})
 
 
 def moe_routing(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
