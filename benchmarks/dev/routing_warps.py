@@ -6,9 +6,9 @@ reduces over the experts; with more than one warp each reduction crosses warps t
 memory and a CTA barrier. This launches the same kernel (same code, same arguments) at each
 warp count, checks that every count gives the first count's routing
 (``nvfp4_ops.testing.routing_mismatch``: the same up to the slots' order inside a segment),
-then times it in a CUDA graph: one launch per replay (latency, the graph launch included) and
-20 chained launches per replay (per launch). Rounds alternate the warp counts; each figure is
-the best round's median.
+then times it in a CUDA graph: one launch per replay, L2 flushed by a read before each
+(latency, the graph launch included), and 20 chained launches per replay (throughput, per
+launch). Rounds alternate the warp counts; each figure is the best round's median.
 
 Needs a CUDA GPU::
 
@@ -20,23 +20,13 @@ For the whole op with the routing at ``N`` warps, in place: ``moe_timeline.py --
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 
-
-def _median_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _timing import capture, l2_flush, replay_median_us  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# {' '.join(sys.argv)}\n# {torch.cuda.get_device_name()}, the one-CTA kernel up to "
           f"{mr.FUSED_MAX_SLOTS} slots")
+    flush = l2_flush("read")
     rows = []
     for t in args.tokens:
         if t * args.top_k > mr.FUSED_MAX_SLOTS:
@@ -86,19 +77,15 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"T={t} EP {ep} at {warps} warps: {diff} differs from "
                               f"{args.warps[0]} warps", file=sys.stderr)
                         return 1
-                    one, chained = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(one):
-                        run()
-                    with torch.cuda.graph(chained):
-                        for _ in range(20):
-                            run()
+                    one, chained = capture([run]), capture([run] * 20)
                     times.setdefault(warps, []).append(
-                        (_median_us(one, args.reps), _median_us(chained, args.reps) / 20))
+                        (replay_median_us(one, args.reps, before_each=flush),
+                         replay_median_us(chained, args.reps, calls_per_replay=20)))
             for warps in args.warps:
                 v = times[warps]
                 rows.append((t, ep, local, warps, min(x[0] for x in v), min(x[1] for x in v)))
     print(f"{'T':>5s} {'EP':>3s} {'E local':>7s} {'warps':>5s} {'one launch per replay µs':>25s} "
-          f"{'chained µs per launch':>22s}")
+          f"{'chained µs per launch':>22s}  (chained: throughput, not latency)")
     for t, ep, local, warps, one, chained in rows:
         print(f"{t:5d} {ep:3d} {local:7d} {warps:5d} {one:25.2f} {chained:22.2f}")
     return 0
