@@ -98,9 +98,9 @@ MAX_EXPERTS = 512
 #: up to this many slots (T*k) the whole routing runs in one CTA, one launch instead of four
 #: (a memset and three kernels); decode latency is dominated by launches, not work.
 FUSED_MAX_SLOTS = 4096
-#: warps of the one-CTA kernel. At one warp its reductions over the experts (the scan) would
-#: need no shared memory and no CTA barrier (PTX: 3 barriers instead of 14); not yet timed:
-#: ``benchmarks/dev/routing_warps.py`` compares the two.
+#: warps of the one-CTA kernel. Fewer are slower although one warp needs no shared memory and
+#: 3 CTA barriers instead of 14 (H100, V4-Flash T = 1, one launch: 7.2 µs at 8 warps, 7.8 at 4,
+#: 27.3 at 1; ``benchmarks/dev/routing_warps.py``, DESIGN.md section 8, "In place").
 FUSED_NUM_WARPS = 8
 
 
