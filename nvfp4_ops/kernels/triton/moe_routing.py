@@ -100,7 +100,8 @@ MAX_EXPERTS = 512
 FUSED_MAX_SLOTS = 4096
 #: warps of the one-CTA kernel. Fewer are slower although one warp needs no shared memory and
 #: 3 CTA barriers instead of 14 (H100, V4-Flash T = 1, one launch: 7.2 µs at 8 warps, 7.8 at 4,
-#: 27.3 at 1; ``benchmarks/dev/routing_warps.py``, DESIGN.md section 8, "In place").
+#: 27.3 at 1; 16 warps 7.5, faster only from T = 64 on; ``benchmarks/dev/routing_warps.py``,
+#: DESIGN.md section 8, "In place").
 FUSED_NUM_WARPS = 8
 
 
