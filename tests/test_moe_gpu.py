@@ -516,6 +516,53 @@ def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
         assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs from eager"
 
 
+@pytest.mark.parametrize("expert_start,num_experts", [(0, 256), (96, 32), (0, 32)])
+def test_flash_direct_routing_equals_one_cta(flash, expert_start, num_experts, monkeypatch):
+    """A one-token call routed by the direct kernel (``moe_routing.DIRECT_ROUTING``) gives
+    bitwise the one-CTA kernel's output, eagerly and over CUDA-graph replays with new hidden
+    states and new routing, with launch overlap (the GEMMs read its tile list before they
+    wait); on EP slices (32 local experts in the middle, and at the start) too."""
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.kernels.triton import moe_routing
+
+    sizes = (1, FLASH.top_k, num_experts, FLASH.hidden, FLASH.intermediate)
+    plan = dispatch.plan_moe(*sizes, chained=True, global_num_experts=FLASH.experts)
+    assert moe_routing.direct_routing_fits(FLASH.top_k, plan.block_m, None)
+    args = [a[expert_start:expert_start + num_experts] for a in flash.args()]
+    torch.manual_seed(80 + expert_start)
+    hidden = _hidden(1, FLASH.hidden)
+    ids, weights = random_routing(1, FLASH.experts, FLASH.top_k, device="cuda")
+
+    def run(direct, h=hidden, i=ids, w=weights):
+        monkeypatch.setattr(moe_routing, "DIRECT_ROUTING", direct)
+        moe_cuda._reused.clear()  # eager repeats keep their bound launches: bind afresh
+        return moe_cuda.moe_forward(h, i, w, *args, expert_start, FLASH.swiglu_limit, 1.5,
+                                    plan=plan)
+
+    monkeypatch.setattr(moe_routing, "DIRECT_ROUTING", True)
+    _, launch = moe_routing.routing_launch(ids, num_experts, expert_start, plan.block_m, True)
+    assert launch.launcher is moe_routing._direct_routing
+    got = run(True)
+    assert torch.equal(got, run(False)), "direct routing differs from the one-CTA one"
+    want = moe_reference(hidden, ids, weights, *args, expert_start, FLASH.swiglu_limit, 1.5)
+    assert_moe_close(got, want, f"direct routing, experts [{expert_start}, +{num_experts})")
+    h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
+    run(True, h_s, i_s, w_s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_s = run(True, h_s, i_s, w_s)
+    for r in range(6):
+        torch.manual_seed(800 + r)
+        h_s.copy_(_hidden(1, FLASH.hidden))
+        new_ids, new_w = random_routing(1, FLASH.experts, FLASH.top_k, device="cuda")
+        i_s.copy_(new_ids)
+        w_s.copy_(new_w)
+        y_s.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs"
+
+
 def test_deterministic(flash):
     """Rows inside an expert segment are placed by atomics; the output must not care."""
     torch.manual_seed(50)

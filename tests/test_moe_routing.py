@@ -25,14 +25,16 @@ def kernels(request):
     return request.param, moe_routing, moe_combine
 
 
-@pytest.fixture(params=["fused", "fused_one_warp", "multi"])
+@pytest.fixture(params=["fused", "fused_one_warp", "direct", "multi"])
 def routing_path(request, monkeypatch):
     """Run a routing test through the one-CTA kernel (at its warps and at one warp, compiled
-    only: the interpreter has no warps) and through the four-launch path."""
+    only: the interpreter has no warps), through the direct kernel where the slots fit it
+    (the one-CTA kernel elsewhere) and through the four-launch path."""
     from nvfp4_ops.kernels.triton import moe_routing
 
     if request.param == "multi":
         monkeypatch.setattr(moe_routing, "FUSED_MAX_SLOTS", -1)
+    monkeypatch.setattr(moe_routing, "DIRECT_ROUTING", request.param == "direct")
     if request.param == "fused_one_warp":
         if INTERPRETED:
             pytest.skip("Triton's interpreter has no warps: the same run as 'fused'")
@@ -258,6 +260,34 @@ def test_triton_warmup_covers_both_routing_paths_and_hot_tiles(kernels, monkeypa
                              for bm, layout in tiles)
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_triton_warmup_runs_the_direct_routing_when_on(kernels, monkeypatch, direct):
+    """With ``DIRECT_ROUTING`` on, ``warmup_triton`` also runs one token's routing through the
+    direct kernel (at each tile it fits), so a decode call compiles nothing later; off, it
+    does not run it."""
+    device = kernels[0]
+    pytest.importorskip("cutlass")
+    from nvfp4_ops.kernels import dispatch, moe_cuda
+    from nvfp4_ops.kernels.triton import moe_routing
+
+    monkeypatch.setattr(moe_routing, "DIRECT_ROUTING", direct)
+    launched = []
+    real = moe_routing._direct_routing.launch
+
+    def spy(grid, args, options):
+        launched.append(args[14:])  # the constexprs: SLOTS, E_PAD, BLOCK_M, FILL_BLOCK, PDL
+        return real(grid, args, options)
+
+    monkeypatch.setattr(moe_routing._direct_routing, "launch", spy)
+    tiles = dispatch.moe_act_orders(256, 128)
+    moe_cuda.warmup_triton(256, 6, tiles, device=device, id_dtypes=(torch.int32,))
+    fits = {bm for bm, _ in tiles if moe_routing.direct_routing_fits(6, bm, None)}
+    assert fits, tiles
+    pdl = (False, True) if device == "cuda" else (False,)  # launch overlap needs CUDA
+    assert {(a[2], a[4]) for a in launched} == ({(bm, p) for bm in fits for p in pdl}
+                                                if direct else set())
+
+
 def test_routing_repeated_ids_in_one_row(kernels, routing_path):
     """Routers never repeat an expert within a row, but the kernels must not care."""
     device, routing_mod, _ = kernels
@@ -265,6 +295,54 @@ def test_routing_repeated_ids_in_one_row(kernels, routing_path):
     ids = _ids(29, 6, 0, 4, torch.int64, g, distinct=False).to(device)
     routing = routing_mod.moe_routing(ids, 4, 0, 8)
     check_routing(routing, ids, 4, 0, 8, routing_mod)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_direct_routing_small_calls(kernels, monkeypatch, dtype):
+    """The direct kernel (``DIRECT_ROUTING``) at every slot count it takes, with repeated ids,
+    ids of other EP ranks and a hot class no expert can reach: the loops' layout, and the
+    one-CTA kernel's up to the order inside a segment (bitwise where every expert holds one
+    slot). Calls whose slots do not fit it take the one-CTA kernel."""
+    from nvfp4_ops.kernels import dispatch
+    from nvfp4_ops.testing import routing_mismatch
+
+    device, routing_mod, _ = kernels
+    g = torch.Generator().manual_seed(5)
+    cases = [(n_tokens, top_k, block_m, start, hot_bm)
+             for n_tokens, top_k in ((1, 1), (1, 6), (1, 8), (2, 4), (2, 3))
+             for block_m in (8, 16)
+             for start in (0, 5)
+             for hot_bm in (None, 64)]
+    for num_tokens, top_k, block_m, start, hot_bm in cases:
+        hot = dispatch.moe_hot_class(block_m) if hot_bm else None
+        num_slots = num_tokens * top_k
+        assert routing_mod.direct_routing_fits(num_slots, block_m, hot)
+        # ids over [0, 24): 16 local experts from `start`, repeats within and across tokens
+        ids = torch.randint(0, 24, (num_tokens, top_k), generator=g).to(dtype).to(device)
+        monkeypatch.setattr(routing_mod, "DIRECT_ROUTING", True)
+        _, launch = routing_mod.routing_launch(ids, 16, start, block_m, hot=hot)
+        assert launch.launcher is routing_mod._direct_routing
+        direct = routing_mod.moe_routing(ids, 16, start, block_m, hot=hot)
+        check_routing(direct, ids, 16, start, block_m, routing_mod, hot)
+        monkeypatch.setattr(routing_mod, "DIRECT_ROUTING", False)
+        fused = routing_mod.moe_routing(ids, 16, start, block_m, hot=hot)
+        assert routing_mismatch(direct, fused, ids, start) is None
+        if hot is not None:
+            assert torch.equal(direct.hot_tile_expert, fused.hot_tile_expert)
+            assert torch.equal(direct.hot_tile_rows, fused.hot_tile_rows)
+        local = ids.reshape(-1).long() - start
+        local = local[(local >= 0) & (local < 16)]
+        if local.unique().numel() == local.numel():
+            for a, b in zip(direct, fused, strict=True):
+                assert a == b if not isinstance(a, torch.Tensor) else torch.equal(a, b)
+    monkeypatch.setattr(routing_mod, "DIRECT_ROUTING", True)
+    ids = torch.zeros(3, 6, dtype=dtype, device=device)  # 18 slots: more than a tile of 8
+    for num_slots, block_m, hot in ((18, 8, None), (0, 8, None), (9, 8, None), (17, 32, None),
+                                    (12, 16, dispatch.moe_hot_class(16))):
+        fits = routing_mod.direct_routing_fits(num_slots, block_m, hot)
+        assert fits == (num_slots == 12 and hot.min_rows > 12), (num_slots, block_m)
+    _, launch = routing_mod.routing_launch(ids, 16, 0, 8)
+    assert launch.launcher is routing_mod._fused_routing
 
 
 def test_routing_zero_tokens(kernels, routing_path):

@@ -29,9 +29,10 @@
 #             the same plan with every WGMMA GEMM rolled, and with every one unrolled but
 #             V4-Flash's two-row-warpgroup 64-row tile, both shapes, T = 512-16384, both
 #             routings, EP 1 and 8; then its GPU test (bitwise the rolled form's outputs)
-#   routing   the MoE's one-CTA routing kernel at 8 / 4 / 2 / 1 warps alone
-#             (benchmarks/dev/routing_warps.py), then the whole op in place with it at 8 and 1
-#             warps, four processes alternating (moe_timeline.py --routing-warps; needs `setup`)
+#   routing   the MoE's decode routing: the one-CTA kernel and the direct kernel
+#             (moe_routing.DIRECT_ROUTING) alone at 8 and 4 warps (benchmarks/dev/routing_warps.py
+#             --direct), then the whole op in place with each, four processes alternating
+#             (moe_timeline.py [--direct-routing]; needs `setup`)
 #   rerun     only the tests named in RERUN="file::test ..." (pytest node ids: what a previous
 #             part failed)
 # The machine's kernel cache lasts only while the machine stays warm (it goes back after a short
@@ -87,15 +88,18 @@ for part in "$@"; do
     mxfp4)
       tests mxfp4 360 tests/test_mxfp4_gpu.py ;;
     routing)
-      timeout -s KILL 150 python3 benchmarks/dev/routing_warps.py >"$out/routing_warps.log" 2>&1
+      timeout -s KILL 150 python3 benchmarks/dev/routing_warps.py --tokens 1 8 --warps 8 4 \
+        --direct >"$out/routing_warps.log" 2>&1
       echo "== routing_warps rc=$?"; grep -vE "^#" "$out/routing_warps.log" | tail -20
       i=0
-      for w in 8 1 1 8; do
+      for kernel in one-cta direct direct one-cta; do
         i=$((i + 1))
+        flag=$([ "$kernel" = direct ] && echo --direct-routing || true)
+        # shellcheck disable=SC2086
         timeout -s KILL 120 python3 benchmarks/dev/moe_timeline.py --shapes v4-flash v4-pro \
-          --tokens 1 8 --ep 1 8 --reps 40 --routing-warps "$w" >"$out/timeline_warps_${i}_$w.log" 2>&1
-        echo "== timeline $i, routing at $w warps: rc=$?"
-        grep -E "^v4-|routing:|replay \(CUDA" "$out/timeline_warps_${i}_$w.log" | cut -c1-100
+          --tokens 1 8 --ep 1 8 --reps 40 $flag >"$out/timeline_routing_${i}_$kernel.log" 2>&1
+        echo "== timeline $i, $kernel routing: rc=$?"
+        grep -E "^v4-|routing:|replay \(CUDA" "$out/timeline_routing_${i}_$kernel.log" | cut -c1-100
       done ;;
     rerun)  # the tests a previous call failed: RERUN="file::test ..." (node ids)
       # shellcheck disable=SC2086

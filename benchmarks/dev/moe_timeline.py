@@ -34,7 +34,8 @@ from _timing import git_commit, l2_flush, replay_median_us, warm_capture  # noqa
 
 #: kernel-name fragments -> the stage they belong to (the first match wins)
 STAGES = (("W4A16", "gemm"), ("w4a16", "gemm"), ("_fused_routing", "routing"),
-          ("_count_kernel", "routing"), ("_scan_kernel", "routing"), ("_place_kernel", "routing"),
+          ("_direct_routing", "routing"), ("_count_kernel", "routing"),
+          ("_scan_kernel", "routing"), ("_place_kernel", "routing"),
           ("_gather_kernel", "gather"), ("_combine_kernel", "combine"))
 
 
@@ -153,16 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing-warps", type=int, default=0,
                    help="run the one-CTA routing kernel at this many warps instead of "
                         "moe_routing.FUSED_NUM_WARPS (an A/B: one process per value)")
+    p.add_argument("--direct-routing", action="store_true",
+                   help="route calls whose slots fit it through the direct kernel "
+                        "(moe_routing.DIRECT_ROUTING; an A/B: one process each way)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_timeline.py needs a CUDA GPU", file=sys.stderr)
         return 2
     import nvfp4_ops
+    from nvfp4_ops.kernels.triton import moe_routing
 
     if args.routing_warps:
-        from nvfp4_ops.kernels.triton import moe_routing
-
         moe_routing.FUSED_NUM_WARPS = args.routing_warps
+    if args.direct_routing:
+        moe_routing.DIRECT_ROUTING = True
 
     print(f"# {' '.join(sys.argv)}\n# tree {git_commit()}, {torch.cuda.get_device_name()}")
     flush = l2_flush("read")

@@ -37,8 +37,9 @@ the one-tile bound (base segments never pass it). Each GEMM then runs twice, onc
 each over its own tiles. ``P`` grows by ``hot.block_m - block_m`` rows per expert that can be
 hot (at most ``N / hot.min_rows``), so both regions always fit without overlapping.
 
-Four launches (one fused single-CTA kernel when ``N <= FUSED_MAX_SLOTS``), none reads a device
-value on the host:
+Four launches (one fused single-CTA kernel when ``N <= FUSED_MAX_SLOTS``; at decode, with
+``DIRECT_ROUTING``, the direct kernel, one pass without atomics or barriers: see
+``DIRECT_MAX_SLOTS``), none reads a device value on the host:
 
 1. ``counts`` (zeroed by the caller) += 1 per local slot (int32 atomics: the totals are
    exact and deterministic).
@@ -75,6 +76,8 @@ from nvfp4_ops.kernels.triton._launch import Launch, Launcher
 from nvfp4_ops.orders.kperm import NATURAL, layout_block
 
 __all__ = [
+    "DIRECT_MAX_SLOTS",
+    "DIRECT_ROUTING",
     "FUSED_MAX_SLOTS",
     "FUSED_NUM_WARPS",
     "MAX_EXPERTS",
@@ -86,6 +89,7 @@ __all__ = [
     "hot_region_rows",
     "moe_routing",
     "padded_rows",
+    "direct_routing_fits",
     "routing_buffers",
     "routing_launch",
 ]
@@ -103,6 +107,20 @@ FUSED_MAX_SLOTS = 4096
 #: 27.3 at 1; 16 warps 7.5, faster only from T = 64 on; ``benchmarks/dev/routing_warps.py``,
 #: DESIGN.md section 8, "In place").
 FUSED_NUM_WARPS = 8
+#: up to this many slots, and no more than one tile's rows, the one-CTA routing may run as the
+#: *direct* kernel (``DIRECT_ROUTING``): one pass unrolled over the slots, each slot's id read
+#: as a scalar by every thread and its share added to per-slot and per-expert vectors
+#: elementwise, so no atomics, no shared memory, no CTA barrier and no shuffle (PTX at 8 warps:
+#: 0 / 0 / 0 / 0 against the four-phase kernel's 8 atomics, 14 barriers, 36 shuffles;
+#: ``benchmarks/dev/routing_ptx.py``). Every expert then holds one tile (its rows fit one), so
+#: its segment starts at ``block_m`` times the distinct local experts below it. The layout it
+#: writes is the four-phase kernel's, slots inside a segment in slot order.
+DIRECT_MAX_SLOTS = 16
+#: whether decode calls whose slots fit (:func:`direct_routing_fits`: one token of top-6 at the
+#: 8-row tile) take the direct kernel. Off until timed against the four-phase kernel on a GPU,
+#: alone and in place (``bash benchmarks/dev/gpu_suite.sh setup routing``); the routing and
+#: MoE GPU tests run it either way.
+DIRECT_ROUTING = False
 
 
 def hot_experts_bound(num_slots: int, num_experts: int, hot: HotClass | None) -> int:
@@ -349,6 +367,83 @@ def _fused_routing_kernel(topk_ids_ptr, scratch_ptr, expert_offsets_ptr, tile_ex
                s0 + tl.arange(0, BLOCK), num_slots, expert_start, num_experts)
 
 
+_DIRECT_RUNTIME = ["num_slots", "expert_start", "num_experts", "num_rows", "num_tiles",
+                   "num_hot_tiles"]
+
+
+@triton.jit
+def _slot_expert(topk_ids_ptr, slot: tl.constexpr, num_slots, expert_start, num_experts):
+    """Slot ``slot``'s local expert (int64 scalar) and whether it is local."""
+    gid = tl.load(topk_ids_ptr + slot, mask=slot < num_slots, other=-1).to(tl.int64)
+    local = gid - expert_start
+    return local, (slot < num_slots) & (local >= 0) & (local < num_experts)
+
+
+@triton.jit(do_not_specialize=_DIRECT_RUNTIME)
+def _direct_routing_kernel(topk_ids_ptr, expert_offsets_ptr, tile_expert_ptr, tile_rows_ptr,
+                           hot_tile_expert_ptr, hot_tile_rows_ptr, sorted_slots_ptr,
+                           slot_row_ptr, num_slots, expert_start, num_experts, num_rows,
+                           num_tiles, num_hot_tiles, SLOTS: tl.constexpr, E_PAD: tl.constexpr,
+                           BLOCK_M: tl.constexpr, FILL_BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
+    """The routing of at most ``SLOTS`` slots, no more than ``BLOCK_M`` (``DIRECT_MAX_SLOTS``),
+    in one pass without atomics, reductions across threads or barriers: a loop unrolled over
+    the slots reads each slot's id as a scalar (every thread the same), decides whether it
+    is its expert's first slot (no earlier slot holds that expert), and adds its share to
+    per-slot and per-expert vectors elementwise. Slot ``i``'s expert then has ``rank``
+    distinct local experts below it and holds one tile (its rows fit one), and ``i`` is its
+    ``occ``-th slot, so its row is ``rank * BLOCK_M + occ``; each output is written by one
+    thread, the tile list and ``sorted_slots`` by scatters and by fills of the entries no
+    scatter reaches. No expert is hot (the caller checks that none can be): every hot tile
+    is free."""
+    if PDL:
+        _pdl.gdc_launch_dependents()
+    s = tl.arange(0, SLOTS)
+    in_range = s < num_slots
+    ids = tl.load(topk_ids_ptr + s, mask=in_range, other=-1).to(tl.int64)
+    local = ids - expert_start
+    is_local = in_range & (local >= 0) & (local < num_experts)
+    e = tl.arange(0, E_PAD)
+    occ = tl.zeros([SLOTS], tl.int32)  # earlier slots of the same expert
+    mult = tl.zeros([SLOTS], tl.int32)  # slots of the same expert
+    rank = tl.zeros([SLOTS], tl.int32)  # distinct local experts below this slot's
+    below = tl.zeros([E_PAD], tl.int32)  # distinct local experts below e
+    distinct = 0
+    for i in tl.static_range(SLOTS):
+        local_i, local_ok = _slot_expert(topk_ids_ptr, i, num_slots, expert_start, num_experts)
+        first = local_ok
+        for j in tl.static_range(i):
+            local_j, ok_j = _slot_expert(topk_ids_ptr, j, num_slots, expert_start, num_experts)
+            first = first & ~(ok_j & (local_j == local_i))
+        same = is_local & local_ok & (local == local_i)
+        occ += (same & (s > i)).to(tl.int32)
+        mult += same.to(tl.int32)
+        rank += (is_local & first & (local_i < local)).to(tl.int32)
+        below += (first & (local_i < e)).to(tl.int32)
+        distinct += first.to(tl.int32)
+    row = rank * BLOCK_M + occ
+    tl.store(slot_row_ptr + s, tl.where(is_local, row, -1), mask=in_range)
+    tl.store(expert_offsets_ptr + e, below * BLOCK_M, mask=e < num_experts)
+    tl.store(expert_offsets_ptr + num_experts + e * 0, distinct * BLOCK_M + e * 0, mask=e == 0)
+    # the first slot of each expert writes its tile; the tiles past the last one are free
+    first_slot = is_local & (occ == 0)
+    tl.store(tile_expert_ptr + rank, local.to(tl.int32), mask=first_slot)
+    tl.store(tile_rows_ptr + rank, mult, mask=first_slot)
+    _free_tiles(tile_expert_ptr, tile_rows_ptr, distinct, num_tiles, num_tiles, FILL_BLOCK)
+    _free_tiles(hot_tile_expert_ptr, hot_tile_rows_ptr, 0, num_hot_tiles, num_hot_tiles,
+                FILL_BLOCK)
+    # each local slot its row; the sentinel in the rest of its tile and past the last tile
+    tl.store(sorted_slots_ptr + row, s, mask=is_local)
+    pad = tl.arange(0, BLOCK_M)
+    tl.store(sorted_slots_ptr + (rank * BLOCK_M)[:, None] + pad[None, :],
+             tl.full([SLOTS, BLOCK_M], 0, tl.int32) + num_slots,
+             mask=first_slot[:, None] & (pad[None, :] >= mult[:, None]))
+    for r0 in range(distinct * BLOCK_M, num_rows, FILL_BLOCK):
+        r = r0 + tl.arange(0, FILL_BLOCK)
+        tl.store(sorted_slots_ptr + r, tl.full([FILL_BLOCK], 0, tl.int32) + num_slots,
+                 mask=r < num_rows)
+
+
 @triton.jit(do_not_specialize=["num_slots", "expert_start", "num_experts"])
 def _place_kernel(topk_ids_ptr, cursor_ptr, sorted_slots_ptr, slot_row_ptr, num_slots,
                   expert_start, num_experts, BLOCK: tl.constexpr):
@@ -402,6 +497,9 @@ def _gather_kernel(hidden_ptr, topk_weights_ptr, sorted_slots_ptr, tile_expert_p
 
 #: the decode-path launches, through the low-overhead launcher (:mod:`._launch`)
 _fused_routing = Launcher(_fused_routing_kernel)
+_direct_routing = Launcher(_direct_routing_kernel)
+#: rows and tiles per step of the direct kernel's fill loops
+_DIRECT_FILL_BLOCK = 64
 _gather = Launcher(_gather_kernel)
 
 
@@ -430,18 +528,34 @@ def _layout(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     return result, buffers, hot_args
 
 
+def direct_routing_fits(num_slots: int, block_m: int, hot: HotClass | None) -> bool:
+    """Whether ``num_slots`` slots can take the direct kernel (``DIRECT_MAX_SLOTS``): at least
+    one slot, at most ``min(block_m, DIRECT_MAX_SLOTS)`` of them (every expert's rows fit one
+    tile), and too few for any expert to be hot."""
+    return (0 < num_slots <= min(block_m, DIRECT_MAX_SLOTS)
+            and (hot is None or num_slots < hot.min_rows))
+
+
 def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                    block_m: int, pdl: bool = False,
                    buffers: tuple[torch.Tensor, ...] | None = None,
                    hot: HotClass | None = None) -> tuple[MoERouting, Launch]:
     """The one-CTA routing (``N <= FUSED_MAX_SLOTS``) as a launch not yet made, and the
-    routing it writes; arguments as :func:`moe_routing`. The kernel takes ``topk_ids`` as
-    ``topk_ids_ptr`` (what a :class:`~._launch.BoundLaunch` of it replaces per call, with
-    ``expert_start``)."""
+    routing it writes; arguments as :func:`moe_routing`. With ``DIRECT_ROUTING`` and slots
+    that fit (:func:`direct_routing_fits`) the launch is the direct kernel, otherwise the
+    four-phase one. Either takes ``topk_ids`` as ``topk_ids_ptr`` (what a
+    :class:`~._launch.BoundLaunch` of it replaces per call, with ``expert_start``)."""
     result, buffers, hot_args = _layout(topk_ids, num_experts, block_m, buffers, hot, True)
     (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
      hot_rows) = buffers
     pdl = bool(pdl and topk_ids.is_cuda)
+    if DIRECT_ROUTING and direct_routing_fits(topk_ids.numel(), block_m, hot):
+        args = (topk_ids, expert_offsets, tile_expert, tile_rows, hot_expert, hot_rows,
+                sorted_slots, slot_row, topk_ids.numel(), expert_start, num_experts,
+                sorted_slots.shape[0], tile_expert.shape[0], hot_expert.shape[0],
+                DIRECT_MAX_SLOTS, _e_pad(num_experts), block_m, _DIRECT_FILL_BLOCK, pdl)
+        return result, Launch(_direct_routing, (1, 1, 1), args,
+                              {"num_warps": FUSED_NUM_WARPS})
     # topk_ids is contiguous: the kernel indexes its T*k ids flat
     args = (topk_ids, scratch, expert_offsets, tile_expert, tile_rows, hot_expert, hot_rows,
             sorted_slots, slot_row, topk_ids.numel(), expert_start, num_experts,
