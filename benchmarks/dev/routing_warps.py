@@ -5,7 +5,7 @@ At decode the routing is the first kernel of every ``nvfp4::moe`` call and the G
 reduces over the experts; with more than one warp each reduction crosses warps through shared
 memory and a CTA barrier. This launches the same kernel (same code, same arguments) at each
 warp count, and with ``--direct`` also the direct kernel (``moe_routing.DIRECT_ROUTING``: one
-pass of slot x slot comparisons, no atomics, no barrier) where the slots fit it (one token at
+pass over the slots, no atomics, no barrier) where the slots fit it (one token at
 ``--block-m 8``), checks that every variant gives the first one's routing
 (``nvfp4_ops.testing.routing_mismatch``: the same up to the slots' order inside a segment),
 then times it in a CUDA graph: one launch per replay, L2 flushed by a read before each
