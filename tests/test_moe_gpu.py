@@ -467,6 +467,29 @@ def test_flash_decode_pair_order_matches_natural(flash, num_tokens):
     assert_moe_close(got, want, f"v4-flash pair order T={num_tokens}")
 
 
+def _replays_equal_eager(run, hidden, ids, weights, seed, replays=6):
+    """``run(variant, hidden, ids, weights)`` on V4-Flash-sized inputs: ``run(True, ...)``
+    captured in a CUDA graph and replayed with new hidden states and new routing each time
+    (output poisoned with NaN before each replay) is bitwise ``run(False, ...)`` run eagerly
+    on the same inputs."""
+    num_tokens = hidden.shape[0]
+    h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
+    run(True, h_s, i_s, w_s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_s = run(True, h_s, i_s, w_s)
+    for r in range(replays):
+        torch.manual_seed(seed + r)
+        h_s.copy_(_hidden(num_tokens, FLASH.hidden))
+        new_ids, new_w = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
+        i_s.copy_(new_ids)
+        w_s.copy_(new_w)
+        y_s.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs from eager"
+
+
 @pytest.mark.parametrize("num_tokens,expert_start",
                          [(1, 0), (8, 0), (37, 0), (8, 256), (512, 0), (512, 256)])
 def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
@@ -499,21 +522,7 @@ def test_flash_launch_overlap_matches_plain(flash, num_tokens, expert_start):
     else:
         want = moe_reference(hidden, ids, weights, *flash.args(), 0, FLASH.swiglu_limit, 1.5)
         assert_moe_close(plain, want, f"v4-flash T={num_tokens}")
-    h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
-    run(True, h_s, i_s, w_s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_s = run(True, h_s, i_s, w_s)
-    for r in range(6):
-        torch.manual_seed(700 + r)
-        h_s.copy_(_hidden(num_tokens, FLASH.hidden))
-        new_ids, new_w = random_routing(num_tokens, FLASH.experts, FLASH.top_k, device="cuda")
-        i_s.copy_(new_ids)
-        w_s.copy_(new_w)
-        y_s.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs from eager"
+    _replays_equal_eager(run, hidden, ids, weights, seed=700)
 
 
 @pytest.mark.parametrize("expert_start,num_experts", [(0, 256), (96, 32), (0, 32)])
@@ -546,21 +555,7 @@ def test_flash_direct_routing_equals_one_cta(flash, expert_start, num_experts, m
     assert torch.equal(got, run(False)), "direct routing differs from the one-CTA one"
     want = moe_reference(hidden, ids, weights, *args, expert_start, FLASH.swiglu_limit, 1.5)
     assert_moe_close(got, want, f"direct routing, experts [{expert_start}, +{num_experts})")
-    h_s, i_s, w_s = hidden.clone(), ids.clone(), weights.clone()
-    run(True, h_s, i_s, w_s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_s = run(True, h_s, i_s, w_s)
-    for r in range(6):
-        torch.manual_seed(800 + r)
-        h_s.copy_(_hidden(1, FLASH.hidden))
-        new_ids, new_w = random_routing(1, FLASH.experts, FLASH.top_k, device="cuda")
-        i_s.copy_(new_ids)
-        w_s.copy_(new_w)
-        y_s.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(y_s, run(False, h_s, i_s, w_s)), f"replay {r} differs"
+    _replays_equal_eager(run, hidden, ids, weights, seed=800)
 
 
 def test_deterministic(flash):
