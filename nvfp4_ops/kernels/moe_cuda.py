@@ -92,18 +92,17 @@ from nvfp4_ops._validate import NVFP4InputError
 from nvfp4_ops.kernels import dispatch, eager_graphs
 from nvfp4_ops.kernels.dispatch import MoEPlan, WeightOrder
 from nvfp4_ops.kernels.linear_cuda import gated_kernel_weights, memo_views, run_gemm
-from nvfp4_ops.kernels.triton import moe_routing as routing_mod
 from nvfp4_ops.kernels.triton._launch import BoundLaunch
 from nvfp4_ops.kernels.triton.moe_combine import combine, combine_launch
 from nvfp4_ops.kernels.triton.moe_routing import (
     FUSED_MAX_SLOTS,
     MoERouting,
-    direct_routing_fits,
     gather_launch,
     gather_rows,
     moe_routing,
     routing_buffers,
     routing_launch,
+    takes_direct_routing,
 )
 from nvfp4_ops.orders.kperm import KPERM
 
@@ -520,7 +519,7 @@ def warmup_triton(hidden_size: int, top_k: int, tiles: list[tuple[int, str]],
                     routing = moe_routing(ids, num_experts, 0, block_m, pdl=pdl, hot=hot)
                     a, _ = gather_rows(hidden, weights, routing, layout, pdl=pdl)
                     combine(a, routing.slot_row, num_tokens, top_k, 1.0, pdl=pdl)
-                    if routing_mod.DIRECT_ROUTING and direct_routing_fits(top_k, block_m, hot):
+                    if takes_direct_routing(top_k, block_m, hot):
                         # one token's routing takes the direct kernel
                         moe_routing(ids[:1], num_experts, 0, block_m, pdl=pdl, hot=hot)
                 names.append(f"moe_triton_h{hidden_size}_k{top_k}_bm{block_m}_{layout}"

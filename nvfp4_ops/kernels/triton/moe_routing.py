@@ -92,6 +92,7 @@ __all__ = [
     "direct_routing_fits",
     "routing_buffers",
     "routing_launch",
+    "takes_direct_routing",
 ]
 
 _COUNT_BLOCK = 1024
@@ -536,20 +537,27 @@ def direct_routing_fits(num_slots: int, block_m: int, hot: HotClass | None) -> b
             and (hot is None or num_slots < hot.min_rows))
 
 
+def takes_direct_routing(num_slots: int, block_m: int, hot: HotClass | None) -> bool:
+    """Whether the one-CTA routing of these slots runs as the direct kernel: ``DIRECT_ROUTING``
+    on and the slots fit it (:func:`direct_routing_fits`). The one place that decides it
+    (:func:`routing_launch`, and the warm-up that must compile what it will launch)."""
+    return DIRECT_ROUTING and direct_routing_fits(num_slots, block_m, hot)
+
+
 def routing_launch(topk_ids: torch.Tensor, num_experts: int, expert_start: int,
                    block_m: int, pdl: bool = False,
                    buffers: tuple[torch.Tensor, ...] | None = None,
                    hot: HotClass | None = None) -> tuple[MoERouting, Launch]:
     """The one-CTA routing (``N <= FUSED_MAX_SLOTS``) as a launch not yet made, and the
-    routing it writes; arguments as :func:`moe_routing`. With ``DIRECT_ROUTING`` and slots
-    that fit (:func:`direct_routing_fits`) the launch is the direct kernel, otherwise the
-    four-phase one. Either takes ``topk_ids`` as ``topk_ids_ptr`` (what a
-    :class:`~._launch.BoundLaunch` of it replaces per call, with ``expert_start``)."""
+    routing it writes; arguments as :func:`moe_routing`. Where :func:`takes_direct_routing`
+    the launch is the direct kernel, otherwise the four-phase one. Either takes ``topk_ids``
+    as ``topk_ids_ptr`` (what a :class:`~._launch.BoundLaunch` of it replaces per call, with
+    ``expert_start``)."""
     result, buffers, hot_args = _layout(topk_ids, num_experts, block_m, buffers, hot, True)
     (expert_offsets, tile_expert, tile_rows, sorted_slots, slot_row, scratch, hot_expert,
      hot_rows) = buffers
     pdl = bool(pdl and topk_ids.is_cuda)
-    if DIRECT_ROUTING and direct_routing_fits(topk_ids.numel(), block_m, hot):
+    if takes_direct_routing(topk_ids.numel(), block_m, hot):
         args = (topk_ids, expert_offsets, tile_expert, tile_rows, hot_expert, hot_rows,
                 sorted_slots, slot_row, topk_ids.numel(), expert_start, num_experts,
                 sorted_slots.shape[0], tile_expert.shape[0], hot_expert.shape[0],
